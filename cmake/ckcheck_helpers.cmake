@@ -1,0 +1,26 @@
+# One way to declare a ckcheck library, so every target compiles with the same flags and can reuse
+# the one precompiled header built for ckcheck_harness.
+function(ckcheck_target_defaults target)
+  target_compile_features(${target} PUBLIC cxx_std_17)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+  if(CKCHECK_HAS_CUDA)
+    target_compile_definitions(${target} PUBLIC CKCHECK_WITH_CUDA=1)
+  endif()
+  if(CKCHECK_PCH)
+    if(target STREQUAL "ckcheck_harness")
+      target_precompile_headers(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${PROJECT_SOURCE_DIR}/harness/pch.h>)
+    else()
+      target_precompile_headers(${target} REUSE_FROM ckcheck_harness)
+    endif()
+  endif()
+endfunction()
+
+function(ckcheck_add_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<INSTALL_INTERFACE:include/ckcheck>)
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  ckcheck_target_defaults(${name})
+endfunction()

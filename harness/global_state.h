@@ -1,0 +1,56 @@
+// Snapshots of the process-wide state a recompute must see as the forward saw it: the default
+// random generators and the autocast settings.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+#include <torch/types.h>
+
+#include <vector>
+
+namespace ckcheck {
+
+/// The state of the default CPU generator and of the default generator of every CUDA device (all
+/// of them, not only those of the tensors at hand: a module may draw on any device).
+struct RngState {
+  torch::Tensor cpu;
+  std::vector<torch::Tensor> cuda;
+
+  static RngState capture();
+  void restore() const;
+  bool operator==(const RngState& other) const;
+  bool operator!=(const RngState& other) const { return !(*this == other); }
+};
+
+/// Seeds the CPU generator and every CUDA generator, like torch.manual_seed.
+void seed_all(uint64_t seed);
+
+/// Number of CUDA devices (0 in a CPU build or without a GPU), queried once.
+int cuda_device_count();
+
+/// The autocast settings of the calling thread.
+struct AutocastState {
+  bool cpu_enabled = false;
+  bool cuda_enabled = false;
+  c10::ScalarType cpu_dtype = c10::kBFloat16;
+  c10::ScalarType cuda_dtype = c10::kHalf;
+  bool cache_enabled = true;
+
+  static AutocastState capture();
+  bool any_enabled() const { return cpu_enabled || cuda_enabled; }
+  bool operator==(const AutocastState& other) const;
+};
+
+/// Puts an autocast state in place for a scope and restores the previous one after it, with the
+/// nesting and cache bookkeeping of torch.autocast's enter and exit.
+class AutocastScope {
+ public:
+  explicit AutocastScope(const AutocastState& state);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  AutocastState previous_;
+};
+
+}  // namespace ckcheck

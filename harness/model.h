@@ -1,0 +1,105 @@
+// The Model interface: what ckcheck needs from a model, whether it is a built-in fixture, a
+// TorchScript file or a user's C++ module.
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/checkpoint.h"
+
+namespace ckcheck {
+
+using SiteFn = TensorsFn;
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// How a model's forward calls its checkpoint sites. The runner behind it decides, per site,
+/// whether the call is plain or checkpointed; the model does not know.
+class SiteRunner {
+ public:
+  virtual ~SiteRunner() = default;
+
+  /// Calls `fn(inputs)` as the site `site` (a module path such as "blocks.3.attn").
+  virtual std::vector<torch::Tensor> call(const std::string& site, const SiteFn& fn,
+                                          const std::vector<torch::Tensor>& inputs) = 0;
+
+  /// One-tensor form of call().
+  torch::Tensor call(const std::string& site, const TensorFn& fn, const torch::Tensor& x);
+
+  /// Runs consecutive sites as a chain, x -> fns[0] -> fns[1] -> ... A plan may checkpoint a run
+  /// of several of them as one segment (the `segments:N` policy); by default each is call()ed.
+  virtual torch::Tensor chain(const std::vector<std::string>& sites,
+                              const std::vector<TensorFn>& fns, const torch::Tensor& x);
+};
+
+/// Calls every site plainly: the reference run.
+class PlainSiteRunner : public SiteRunner {
+ public:
+  using SiteRunner::call;
+  std::vector<torch::Tensor> call(const std::string& site, const SiteFn& fn,
+                                  const std::vector<torch::Tensor>& inputs) override {
+    return fn(inputs);
+  }
+};
+
+/// All the state of a model that a step can change, by name: parameters, buffers and anything
+/// else the model holds (a private generator's state, a counter kept in a member).
+struct ModelState {
+  NamedTensors tensors;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual std::string name() const = 0;
+
+  /// Every checkpoint site, in the order the forward first reaches it; an outer site comes before
+  /// the sites nested in it (blocks.0, blocks.0.attn, blocks.0.ffn, blocks.1, ...).
+  virtual std::vector<std::string> sites() const = 0;
+
+  /// The sites checkpoints go to by default: the model's own blocks.
+  virtual std::vector<std::string> default_sites() const = 0;
+
+  /// The sites the forward runs through SiteRunner::chain, in order; empty when it has none.
+  virtual std::vector<std::string> chain_sites() const { return {}; }
+
+  /// The inputs of one step, the same for the same seed.
+  virtual std::vector<torch::Tensor> make_inputs(uint64_t seed) = 0;
+
+  /// One forward pass; every site is called through `sites`.
+  virtual std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& inputs,
+                                             SiteRunner& sites) = 0;
+
+  virtual NamedTensors named_parameters() = 0;
+  virtual NamedTensors named_buffers() = 0;
+
+  /// The buffers that belong to a site (its module and the modules inside it).
+  virtual std::vector<torch::Tensor> site_buffers(const std::string& site);
+
+  /// Moves parameters, buffers and inputs to a device.
+  virtual void to(const torch::Device& device) = 0;
+  virtual torch::Device device() const = 0;
+
+  /// A copy of all state, and putting it back. Extra state (extra_state()) is included.
+  virtual ModelState snapshot();
+  virtual void restore(const ModelState& state);
+
+  /// Model options as given, for reports and the reproduce command ("layers" -> "4").
+  virtual std::map<std::string, std::string> options() const { return {}; }
+
+ protected:
+  /// State outside parameters and buffers that a step may change. Names start with '@'.
+  virtual NamedTensors extra_state() { return {}; }
+  virtual void load_extra_state(const std::string& name, const torch::Tensor& value) {}
+};
+
+/// True when `site` is `outer` or nested in it ("blocks.1.attn" is inside "blocks.1").
+bool site_within(const std::string& site, const std::string& outer);
+
+}  // namespace ckcheck

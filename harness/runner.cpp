@@ -1,0 +1,572 @@
+#include "harness/runner.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "harness/errors.h"
+#include "harness/global_state.h"
+
+namespace ckcheck {
+
+using torch::Tensor;
+
+const char* amp_name(Amp amp) {
+  switch (amp) {
+    case Amp::kOff:
+      return "off";
+    case Amp::kBf16:
+      return "bf16";
+    case Amp::kFp16:
+      return "fp16";
+  }
+  return "";
+}
+
+Amp parse_amp(const std::string& text) {
+  if (text == "off" || text == "none") return Amp::kOff;
+  if (text == "bf16" || text == "bfloat16") return Amp::kBf16;
+  if (text == "fp16" || text == "float16" || text == "half") return Amp::kFp16;
+  throw UsageError(fmt::format("unknown --amp '{}'; valid: off, bf16, fp16", text));
+}
+
+const TensorRecord* StepRecord::find(const std::string& name, const std::string& kind,
+                                     int64_t step) const {
+  for (const auto& t : tensors) {
+    if (t.name == name && t.kind == kind && t.step == step) return &t;
+  }
+  return nullptr;
+}
+
+namespace {
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) {
+    std::string m = c10e->what_without_backtrace();
+    // c10 appends "Exception raised from ..." on a line of its own.
+    const auto cut = m.find("\nException raised from");
+    return cut == std::string::npos ? m : m.substr(0, cut);
+  }
+  return e.what();
+}
+
+std::vector<int64_t> versions_of(const std::vector<Tensor>& ts) {
+  std::vector<int64_t> v;
+  for (const auto& t : ts) v.push_back(static_cast<int64_t>(t._version()));
+  return v;
+}
+
+// Collects CallEvidence for every checkpointed call of one step, and tells the tracer where the
+// step is.
+class EvidenceObserver : public CheckpointObserver {
+ public:
+  EvidenceObserver(StepRecord& record, bool evidence, OpTracer* tracer)
+      : record_(record), evidence_(evidence), tracer_(tracer) {}
+
+  int64_t step = 1;
+
+  void forward_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs) override {
+    if (tracer_) tracer_->push_site(c.site, c.id);
+    if (!evidence_) return;
+    auto& e = calls_[c.id];
+    e.site = c.site;
+    e.call = c.id;
+    e.step = step;
+    e.versions_entry = versions_of(inputs);
+    for (const auto& x : inputs) entry_prints_[c.id].push_back(fingerprint(x));
+    rng_before_[c.id] = RngState::capture();
+  }
+
+  void forward_end(const CheckpointCall& c, const std::vector<Tensor>& inputs,
+                   const std::vector<Tensor>& outputs) override {
+    if (tracer_) tracer_->pop_site();
+    if (!evidence_) return;
+    auto& e = calls_[c.id];
+    e.versions_exit = versions_of(inputs);
+    e.rng_consumed = RngState::capture() != rng_before_[c.id];
+    rng_before_.erase(c.id);
+    auto& kept = outputs_[c.id];
+    for (const auto& o : outputs) kept.push_back(o.defined() ? o.detach().clone() : Tensor());
+  }
+
+  void recompute_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs,
+                       const std::vector<Tensor>& grads) override {
+    if (tracer_) {
+      tracer_->set_phase(Phase::kRecompute);
+      tracer_->push_site(c.site, c.id);
+    }
+    if (!evidence_) return;
+    auto& e = calls_[c.id];
+    e.recomputed = true;
+    e.versions_recompute = versions_of(inputs);
+    const auto& prints = entry_prints_[c.id];
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      e.content_changed.push_back(i < prints.size() && fingerprint(inputs[i]) != prints[i]);
+    }
+    torch::NoGradGuard no_grad;
+    for (const auto& g : grads) {
+      if (g.defined() && g.numel() > 0 && g.abs().max().item<double>() != 0.0) e.grad_all_zero = false;
+    }
+  }
+
+  void recompute_end(const CheckpointCall& c, const std::vector<Tensor>& outputs) override {
+    if (tracer_) {
+      tracer_->pop_site();
+      tracer_->set_phase(Phase::kBackward);
+    }
+    if (!evidence_) return;
+    auto& e = calls_[c.id];
+    const auto& before = outputs_[c.id];
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      auto d = compare_tensors(i < before.size() ? before[i] : Tensor(), outputs[i], Tolerance());
+      d.name = fmt::format("{} output {}", c.site, i);
+      d.kind = "output";
+      d.step = e.step;
+      e.output_diffs.push_back(d);
+    }
+    outputs_.erase(c.id);
+  }
+
+  void flush() {
+    for (auto& [id, e] : calls_) record_.calls.push_back(std::move(e));
+    calls_.clear();
+    outputs_.clear();
+    entry_prints_.clear();
+  }
+
+ private:
+  StepRecord& record_;
+  bool evidence_;
+  OpTracer* tracer_;
+  std::map<int64_t, CallEvidence> calls_;
+  std::map<int64_t, std::vector<Tensor>> outputs_;
+  std::map<int64_t, std::vector<uint64_t>> entry_prints_;
+  std::map<int64_t, RngState> rng_before_;
+};
+
+// Calls each site plainly or under a checkpoint, as the plan says. A site inside a checkpointed
+// unit always runs plainly (the outer checkpoint covers it), in the forward and in the recompute.
+class PlanSiteRunner : public SiteRunner {
+ public:
+  PlanSiteRunner(const Plan* plan, CheckpointOptions base, Model& model, bool restore_buffers,
+                 OpTracer* tracer)
+      : base_(std::move(base)), model_(model), restore_buffers_(restore_buffers), tracer_(tracer) {
+    if (!plan) return;
+    for (const auto& u : plan->units) {
+      if (u.size() == 1) {
+        single_.insert(u[0]);
+      } else {
+        segments_[u.front()] = u;
+      }
+    }
+  }
+
+  using SiteRunner::call;
+
+  std::vector<Tensor> call(const std::string& site, const SiteFn& fn,
+                           const std::vector<Tensor>& inputs) override {
+    auto traced = traced_fn(site, fn);
+    if (depth_ == 0 && single_.count(site)) {
+      return checkpoint(checkpointed_fn(traced), inputs, options_for({site}));
+    }
+    return traced(inputs);
+  }
+
+  Tensor chain(const std::vector<std::string>& sites, const std::vector<TensorFn>& fns,
+               const Tensor& x) override {
+    Tensor h = x;
+    for (size_t i = 0; i < fns.size();) {
+      auto seg = depth_ == 0 ? segments_.find(sites[i]) : segments_.end();
+      if (seg == segments_.end()) {
+        h = call(sites[i], fns[i], h);
+        ++i;
+        continue;
+      }
+      const auto& unit = seg->second;
+      const size_t end = i + unit.size();
+      TORCH_CHECK(end <= fns.size(), "segment ", Plan::unit_label(unit), " runs past the chain");
+      SiteFn run = [this, sites, fns, i, end](const std::vector<Tensor>& xs) {
+        Tensor y = xs[0];
+        for (size_t k = i; k < end; ++k) y = call(sites[k], fns[k], y);
+        return std::vector<Tensor>{y};
+      };
+      h = checkpoint(checkpointed_fn(run), {h}, options_for(unit))[0];
+      i = end;
+    }
+    return h;
+  }
+
+ private:
+  SiteFn traced_fn(const std::string& site, const SiteFn& fn) {
+    if (!tracer_) return fn;
+    return [this, site, fn](const std::vector<Tensor>& xs) {
+      tracer_->push_site(site);
+      struct Pop {
+        OpTracer* t;
+        ~Pop() { t->pop_site(); }
+      } pop{tracer_};
+      return fn(xs);
+    };
+  }
+
+  // Marks the runner as inside a checkpoint while `fn` runs, in the forward and the recompute.
+  SiteFn checkpointed_fn(const SiteFn& fn) {
+    return [this, fn](const std::vector<Tensor>& xs) {
+      ++depth_;
+      struct Down {
+        int& d;
+        ~Down() { --d; }
+      } down{depth_};
+      return fn(xs);
+    };
+  }
+
+  CheckpointOptions options_for(const std::vector<std::string>& unit) {
+    auto o = base_;
+    o.name(Plan::unit_label(unit));
+    if (restore_buffers_) {
+      std::vector<Tensor> buffers;
+      for (const auto& s : unit) {
+        for (auto& b : model_.site_buffers(s)) buffers.push_back(b);
+      }
+      o.restore_buffers(buffers);
+    }
+    return o;
+  }
+
+  CheckpointOptions base_;
+  Model& model_;
+  bool restore_buffers_;
+  OpTracer* tracer_;
+  std::set<std::string> single_;
+  std::map<std::string, std::vector<std::string>> segments_;
+  int depth_ = 0;
+};
+
+Tensor upstream_for(const Tensor& out, uint64_t seed, int64_t step, size_t index) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + step * 101ull + index);
+  auto g = torch::randn(out.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat));
+  return g.to(out.device(), out.scalar_type());
+}
+
+c10::ScalarType amp_dtype(Amp amp) { return amp == Amp::kFp16 ? torch::kHalf : torch::kBFloat16; }
+
+std::optional<AutocastState> autocast_for(Amp amp, const torch::Device& device) {
+  if (amp == Amp::kOff) return std::nullopt;
+  auto s = AutocastState::capture();
+  if (device.is_cuda()) {
+    s.cuda_enabled = true;
+    s.cuda_dtype = amp_dtype(amp);
+  } else {
+    if (amp == Amp::kFp16) {
+      throw UsageError("--amp fp16 is CUDA's autocast; on the CPU use --amp bf16");
+    }
+    s.cpu_enabled = true;
+    s.cpu_dtype = amp_dtype(amp);
+  }
+  return s;
+}
+
+}  // namespace
+
+Runner::Runner(Model& model, RunConfig config) : model_(model), config_(std::move(config)) {
+  if (model_.device() != config_.device) model_.to(config_.device);
+  start_ = model_.snapshot();
+}
+
+Runner::~Runner() {
+  try {
+    model_.restore(start_);
+  } catch (...) {
+    // Nothing sensible to do in a destructor; the model is discarded by its owner anyway.
+  }
+}
+
+StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::string& label) {
+  StepRecord record;
+  record.label = label;
+  const Amp amp = options.amp.value_or(config_.amp);
+  const auto autocast = autocast_for(amp, config_.device);
+
+  std::optional<OpTracer> tracer;
+  if (options.trace != TraceLevel::kNone) {
+    tracer.emplace(options.trace, options.value_budget_bytes, options.value_site);
+  }
+  OpTracer* tp = tracer ? &*tracer : nullptr;
+  auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp);
+  auto base = CheckpointOptions()
+                  .preserve_rng_state(config_.preserve_rng_state)
+                  .restore_autocast(config_.restore_autocast)
+                  .check_input_versions(config_.check_input_versions)
+                  .recompute_fp32(options.recompute_fp32.value_or(config_.recompute_fp32));
+  if (plan && (options.evidence || tp)) base.observer(observer);
+  PlanSiteRunner sites(plan, base, model_, config_.restore_buffers, tp);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    model_.restore(start_);
+    seed_all(config_.seed);
+    const auto inputs = model_.make_inputs(config_.seed);
+    const auto params = model_.named_parameters();
+    for (int64_t step = 1; step <= config_.steps; ++step) {
+      observer->step = step;
+      if (tp) tp->set_phase(Phase::kForward);
+      for (const auto& [name, p] : params) p.mutable_grad() = Tensor();
+      std::vector<Tensor> xs;
+      for (const auto& x : inputs) {
+        auto leaf = x.detach().clone();
+        if (leaf.is_floating_point()) leaf.requires_grad_(true);
+        xs.push_back(leaf);
+      }
+      std::vector<Tensor> outs;
+      {
+        std::optional<AutocastScope> scope;
+        if (autocast) scope.emplace(*autocast);
+        outs = model_.forward(xs, sites);
+      }
+      std::vector<Tensor> roots, grads;
+      Tensor loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
+      for (size_t i = 0; i < outs.size(); ++i) {
+        if (!outs[i].defined() || !outs[i].is_floating_point()) continue;
+        auto g = upstream_for(outs[i], config_.seed, step, i);
+        loss = loss + (outs[i].detach().to(torch::kDouble) * g.to(torch::kDouble)).sum().cpu();
+        if (outs[i].requires_grad()) {
+          roots.push_back(outs[i]);
+          grads.push_back(g);
+        }
+      }
+      record.tensors.push_back({"loss", "loss", step, loss});
+      for (size_t i = 0; i < outs.size(); ++i) {
+        record.tensors.push_back({fmt::format("output[{}]", i), "output", step,
+                                  outs[i].defined() ? outs[i].detach().clone() : Tensor()});
+      }
+      if (tp) tp->set_phase(Phase::kBackward);
+      if (!roots.empty()) torch::autograd::backward(roots, grads);
+      observer->flush();
+      for (const auto& [name, p] : params) {
+        record.tensors.push_back({name, "param-grad", step,
+                                  p.grad().defined() ? p.grad().detach().clone() : Tensor()});
+      }
+      for (size_t i = 0; i < xs.size(); ++i) {
+        if (!xs[i].requires_grad()) continue;
+        record.tensors.push_back({fmt::format("input[{}]", i), "input-grad", step,
+                                  xs[i].grad().defined() ? xs[i].grad().detach().clone() : Tensor()});
+      }
+      for (const auto& [name, b] : model_.snapshot().tensors) {
+        // Parameters are covered by their gradients; buffers and extra state are the step's state.
+        bool is_param = false;
+        for (const auto& [pn, p] : params) is_param = is_param || pn == name;
+        if (!is_param) record.tensors.push_back({name, "buffer", step, b});
+      }
+      if (step < config_.steps) {
+        torch::NoGradGuard no_grad;
+        for (const auto& [name, p] : params) {
+          if (p.grad().defined()) p.sub_(p.grad(), config_.lr);
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    record.error = message_of(e);
+    observer->flush();
+  }
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (tp) {
+    record.ops = tp->take();
+    // Op names and dtypes per checkpointed call, for the autocast check.
+    std::map<int64_t, CallEvidence*> by_call;
+    for (auto& c : record.calls) by_call[c.call] = &c;
+    for (const auto& op : record.ops) {
+      auto it = by_call.find(op.call);
+      // Ops the site calls itself (depth 0), not the kernels they call in turn.
+      if (it == by_call.end() || op.depth != 0 || op.phase == Phase::kBackward) continue;
+      auto& e = *it->second;
+      const std::string dtype = op.dtypes.empty() ? "-" : fmt::format("{}", fmt::join(op.dtypes, ","));
+      if (op.phase == Phase::kForward) {
+        e.forward_ops.push_back(op.name);
+        e.forward_dtypes.push_back(dtype);
+      } else {
+        e.recompute_ops.push_back(op.name);
+        e.recompute_dtypes.push_back(dtype);
+      }
+    }
+  }
+  for (const auto& [name, p] : model_.named_parameters()) p.mutable_grad() = Tensor();
+  return record;
+}
+
+RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
+  RunRecords r;
+  StepOptions plain;
+  plain.evidence = false;
+  r.reference = run(nullptr, plain, "reference");
+  StepOptions ckpt;
+  if (needs.dtype_trace && config_.amp != Amp::kOff) ckpt.trace = TraceLevel::kDtypes;
+  r.checkpointed = run(&plan, ckpt, "checkpointed");
+  if (needs.amp_study && config_.amp != Amp::kOff) {
+    StepOptions fp32 = plain;
+    fp32.amp = Amp::kOff;
+    r.fp32_reference = run(nullptr, fp32, "fp32 reference");
+    StepOptions rec;
+    rec.evidence = false;
+    rec.recompute_fp32 = true;
+    r.fp32_recompute = run(&plan, rec, "checkpointed, fp32 recompute");
+  }
+  if (needs.probe) r.probes = probe(plan);
+  return r;
+}
+
+namespace {
+
+// Runs the forward plainly, but at each checkpointed unit repeats the unit on the inputs it got
+// (see UnitProbe) before letting the forward go on.
+class ProbeSiteRunner : public SiteRunner {
+ public:
+  ProbeSiteRunner(const Plan& plan, Model& model, std::vector<UnitProbe>& out, int64_t step)
+      : model_(model), out_(out), step_(step) {
+    for (const auto& u : plan.units) {
+      if (u.size() == 1) {
+        single_.insert(u[0]);
+      } else {
+        segments_[u.front()] = u;
+      }
+    }
+  }
+
+  using SiteRunner::call;
+
+  std::vector<Tensor> call(const std::string& site, const SiteFn& fn,
+                           const std::vector<Tensor>& inputs) override {
+    if (depth_ == 0 && single_.count(site)) return probe_unit(site, fn, inputs);
+    return fn(inputs);
+  }
+
+  Tensor chain(const std::vector<std::string>& sites, const std::vector<TensorFn>& fns,
+               const Tensor& x) override {
+    Tensor h = x;
+    for (size_t i = 0; i < fns.size();) {
+      auto seg = depth_ == 0 ? segments_.find(sites[i]) : segments_.end();
+      if (seg == segments_.end()) {
+        h = call(sites[i], fns[i], h);
+        ++i;
+        continue;
+      }
+      const size_t end = i + seg->second.size();
+      SiteFn run = [this, sites, fns, i, end](const std::vector<Tensor>& xs) {
+        Tensor y = xs[0];
+        for (size_t k = i; k < end; ++k) y = call(sites[k], fns[k], y);
+        return std::vector<Tensor>{y};
+      };
+      h = probe_unit(Plan::unit_label(seg->second), run, {h})[0];
+      i = end;
+    }
+    return h;
+  }
+
+ private:
+  std::vector<Tensor> once(const SiteFn& fn, const std::vector<Tensor>& inputs,
+                           std::vector<std::string>* random_ops, bool* private_gen) {
+    ++depth_;
+    struct Down {
+      int& d;
+      ~Down() { --d; }
+    } down{depth_};
+    std::vector<Tensor> xs;
+    for (const auto& x : inputs) xs.push_back(x.detach().clone());
+    if (!random_ops) return fn(xs);
+    OpTracer tracer(TraceLevel::kNames);
+    auto outs = fn(xs);
+    std::set<std::string> seen;
+    for (const auto& op : tracer.take()) {
+      if (op.random && seen.insert(op.name).second) random_ops->push_back(op.name);
+      *private_gen = *private_gen || op.private_generator;
+    }
+    return outs;
+  }
+
+  static std::pair<bool, double> same(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    bool eq = a.size() == b.size();
+    double worst = 0.0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      auto d = compare_tensors(a[i], b[i], Tolerance());
+      eq = eq && d.equal;
+      worst = std::max(worst, d.max_abs);
+    }
+    return {eq, worst};
+  }
+
+  std::vector<Tensor> probe_unit(const std::string& label, const SiteFn& fn,
+                                 const std::vector<Tensor>& inputs) {
+    UnitProbe p;
+    p.site = label;
+    p.step = step_;
+    const ModelState s0 = model_.snapshot();
+    const RngState r0 = RngState::capture();
+    try {
+      auto a = once(fn, inputs, &p.random_ops, &p.private_generator);
+      p.rng_consumed = RngState::capture() != r0;
+      const ModelState sa = model_.snapshot();
+      for (size_t i = 0; i < s0.tensors.size() && i < sa.tensors.size(); ++i) {
+        if (!torch::equal(s0.tensors[i].second, sa.tensors[i].second)) {
+          p.changed_state.push_back(s0.tensors[i].first);
+        }
+      }
+      r0.restore();
+      auto b = once(fn, inputs, nullptr, nullptr);
+      auto [repeat_eq, d1] = same(a, b);
+      p.repeat_equal = repeat_eq;
+      p.max_abs_diff = d1;
+      if (!repeat_eq) {
+        model_.restore(s0);
+        r0.restore();
+        auto c = once(fn, inputs, nullptr, nullptr);
+        auto [restart_eq, d2] = same(a, c);
+        p.restart_equal = restart_eq;
+        if (!restart_eq) p.max_abs_diff = d2;
+      }
+    } catch (const std::exception& e) {
+      p.error = message_of(e);
+    }
+    out_.push_back(p);
+    // Go on from the state the forward would have left: the first call's.
+    model_.restore(s0);
+    r0.restore();
+    return once(fn, inputs, nullptr, nullptr);
+  }
+
+  Model& model_;
+  std::vector<UnitProbe>& out_;
+  int64_t step_;
+  std::set<std::string> single_;
+  std::map<std::string, std::vector<std::string>> segments_;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+std::vector<UnitProbe> Runner::probe(const Plan& plan) {
+  std::vector<UnitProbe> out;
+  const auto autocast = autocast_for(config_.amp, config_.device);
+  try {
+    model_.restore(start_);
+    seed_all(config_.seed);
+    const auto inputs = model_.make_inputs(config_.seed);
+    torch::NoGradGuard no_grad;  // as the checkpoint's own forward runs
+    ProbeSiteRunner sites(plan, model_, out, 1);
+    std::optional<AutocastScope> scope;
+    if (autocast) scope.emplace(*autocast);
+    model_.forward(inputs, sites);
+  } catch (const std::exception& e) {
+    UnitProbe p;
+    p.site = "(forward)";
+    p.error = message_of(e);
+    out.push_back(p);
+  }
+  model_.restore(start_);
+  return out;
+}
+
+}  // namespace ckcheck

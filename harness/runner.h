@@ -1,0 +1,150 @@
+// The Runner: the only place that executes training steps. It runs a model plainly (the
+// reference) and under a plan (checkpointed), from the same state, seed and inputs, and records
+// everything the checks compare, as plain data.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/checkpoint.h"
+#include "harness/compare.h"
+#include "harness/model.h"
+#include "harness/plan.h"
+#include "harness/trace.h"
+
+namespace ckcheck {
+
+enum class Amp { kOff, kBf16, kFp16 };
+const char* amp_name(Amp amp);
+/// Parses off, bf16 or fp16; throws UsageError otherwise.
+Amp parse_amp(const std::string& text);
+
+/// How the steps run.
+struct RunConfig {
+  uint64_t seed = 0;
+  int64_t steps = 1;
+  double lr = 0.01;  // the SGD step taken between steps when steps > 1
+  torch::Device device = torch::kCPU;
+  Amp amp = Amp::kOff;
+  // Checkpoint protections, as CheckpointOptions (switched off only to prove checks catch the
+  // hazards they guard against).
+  bool preserve_rng_state = true;
+  bool restore_autocast = true;
+  bool check_input_versions = true;
+  bool recompute_fp32 = false;
+  bool restore_buffers = false;  // restore each checkpointed site's buffers after its recompute
+};
+
+/// One recorded tensor of a step.
+struct TensorRecord {
+  std::string name;
+  std::string kind;  // loss, output, param-grad, input-grad, buffer
+  int64_t step = 1;
+  torch::Tensor value;  // undefined when there is none (a parameter without gradient)
+};
+
+/// What one checkpointed call showed during a recorded step.
+struct CallEvidence {
+  std::string site;  // the unit: a site, or "first..last" for a segment
+  int64_t call = 0;
+  int64_t step = 1;
+  std::vector<int64_t> versions_entry, versions_exit, versions_recompute;
+  std::vector<bool> content_changed;  // input content at the recompute differs from the entry
+  bool rng_consumed = false;          // the default generators moved during the forward
+  bool recomputed = false;            // backward reached the call
+  bool grad_all_zero = true;          // every gradient that reached it was zero (or none did)
+  std::vector<TensorDiff> output_diffs;  // recomputed outputs against the forward's (bitwise)
+  // Op names and output dtypes inside the call (when traced at kDtypes or above).
+  std::vector<std::string> forward_ops, recompute_ops;
+  std::vector<std::string> forward_dtypes, recompute_dtypes;
+};
+
+struct StepRecord {
+  std::string label;  // reference, checkpointed, ...
+  std::vector<TensorRecord> tensors;
+  std::vector<CallEvidence> calls;
+  std::vector<OpRecord> ops;  // when traced
+  std::string error;          // what the step threw, if it threw
+  double seconds = 0.0;
+
+  const TensorRecord* find(const std::string& name, const std::string& kind, int64_t step) const;
+};
+
+/// What repeating a checkpointed unit on identical inputs showed (the determinism probe).
+struct UnitProbe {
+  std::string site;
+  int64_t step = 1;
+  bool repeat_equal = true;   // a second call, from the state the first left, gives equal outputs
+  bool restart_equal = true;  // a call from the restored state gives equal outputs
+  double max_abs_diff = 0.0;  // largest output difference seen
+  std::vector<std::string> changed_state;  // state the first call changed (buffers, extra state)
+  std::vector<std::string> random_ops;     // random-number ops the unit ran
+  bool private_generator = false;          // one of them used a non-default generator
+  bool rng_consumed = false;               // the default generators moved during the call
+  std::string error;
+};
+
+/// Everything one `run` records; optional parts only when a check asked for them.
+struct RunRecords {
+  StepRecord reference;
+  StepRecord checkpointed;
+  std::optional<StepRecord> fp32_reference;       // plain, autocast off (AMP study)
+  std::optional<StepRecord> fp32_recompute;       // checkpointed, recompute in fp32 (AMP study)
+  std::optional<std::vector<UnitProbe>> probes;   // determinism probe
+};
+
+/// What the checks need beyond the two steps.
+struct Needs {
+  bool dtype_trace = false;  // op dtypes inside checkpointed calls (autocast check)
+  bool probe = false;        // determinism probe
+  bool amp_study = false;    // fp32 reference and fp32-recompute runs
+  Needs& operator|=(const Needs& o) {
+    dtype_trace |= o.dtype_trace;
+    probe |= o.probe;
+    amp_study |= o.amp_study;
+    return *this;
+  }
+};
+
+/// Options of one recorded run.
+struct StepOptions {
+  bool evidence = true;  // record CallEvidence for every checkpointed call
+  TraceLevel trace = TraceLevel::kNone;
+  int64_t value_budget_bytes = 0;  // kFull: output copies kept for the op diff
+  std::string value_site;          // kFull: only ops inside this site keep copies
+  std::optional<bool> recompute_fp32;  // overrides RunConfig::recompute_fp32
+  std::optional<Amp> amp;              // overrides RunConfig::amp
+};
+
+class Runner {
+ public:
+  /// The model's current state is the start of every run; the Runner puts it back when it ends.
+  Runner(Model& model, RunConfig config);
+  ~Runner();
+
+  /// config.steps training steps from the start state with `plan`'s units checkpointed (all
+  /// plain when `plan` is null). Never throws for a failure of the model or the checkpoint: the
+  /// message is kept in StepRecord::error.
+  StepRecord run(const Plan* plan, const StepOptions& options, const std::string& label);
+
+  /// The reference and checkpointed steps plus whatever `needs` asks for.
+  RunRecords run_all(const Plan& plan, const Needs& needs);
+
+  /// Repeats each checkpointed unit on its forward inputs (see UnitProbe), step by step.
+  std::vector<UnitProbe> probe(const Plan& plan);
+
+  const RunConfig& config() const { return config_; }
+  Model& model() { return model_; }
+
+ private:
+  Model& model_;
+  RunConfig config_;
+  ModelState start_;
+};
+
+}  // namespace ckcheck

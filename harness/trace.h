@@ -1,0 +1,73 @@
+// Recording the ATen ops a step executes, through LibTorch's RecordFunction callbacks, with the
+// site and phase (forward, recompute, backward) each one ran in. Only diagnosis and the checks
+// that need op-level evidence turn it on; a plain `ckcheck run` records nothing.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ckcheck {
+
+enum class TraceLevel {
+  kNone,    // nothing recorded
+  kNames,   // op names, random-number use, generator arguments
+  kDtypes,  // + output shapes and dtypes
+  kFull,    // + content fingerprints, non-finite flags and (within a byte budget) output copies
+};
+
+enum class Phase { kForward, kRecompute, kBackward };
+const char* phase_name(Phase phase);
+
+struct OpRecord {
+  int64_t index = 0;  // position in the trace, in the order ops started
+  std::string name;   // "aten::log"; in the backward, the ATen op run by `node`
+  int depth = 0;      // nesting among recorded ops; 0 for an op called by the model itself
+  Phase phase = Phase::kForward;
+  std::string site;   // innermost site running ("" outside every site)
+  int64_t call = -1;  // the checkpoint call it ran inside, -1 if none
+  std::string node;   // backward: the autograd node being run ("LogBackward0")
+  int64_t seq_nr = -1;
+  std::vector<std::vector<int64_t>> shapes;  // of the tensor outputs
+  std::vector<std::string> dtypes;
+  std::vector<uint64_t> fingerprints;
+  bool nonfinite = false;          // an output holds NaN or Inf
+  bool random = false;             // draws random numbers
+  bool private_generator = false;  // was given a generator other than its device's default
+  std::vector<torch::Tensor> values;  // output copies (kFull, within the budget)
+};
+
+/// Records ops while alive (one tracer at a time per process). The runner tells it where the
+/// step is (site stack, phase, checkpoint call) as it goes.
+class OpTracer {
+ public:
+  /// `value_budget_bytes`: how many bytes of output copies to keep (kFull only); copies are only
+  /// kept for ops inside `value_site` (or everywhere when it is empty).
+  explicit OpTracer(TraceLevel level, int64_t value_budget_bytes = 0, std::string value_site = "");
+  ~OpTracer();
+  OpTracer(const OpTracer&) = delete;
+  OpTracer& operator=(const OpTracer&) = delete;
+
+  void push_site(const std::string& site, int64_t call = -1);
+  void pop_site();
+  void set_phase(Phase phase);
+  Phase phase() const;
+  TraceLevel level() const { return level_; }
+
+  /// The records so far, leaving the tracer empty.
+  std::vector<OpRecord> take();
+
+  struct Impl;
+
+ private:
+  TraceLevel level_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// True for ATen ops that draw random numbers (dropout, bernoulli_, rand, normal_, ...).
+bool is_random_op(const std::string& name);
+
+}  // namespace ckcheck

@@ -1,6 +1,7 @@
 #include "harness/checkpoint.h"
 
 #include <ATen/core/ivalue.h>
+#include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -66,7 +67,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                                at::TensorList args) {
     auto& s = *state;
     std::vector<Tensor> inputs(args.begin(), args.begin() + static_cast<int64_t>(s.num_inputs));
-    if (s.options.preserve_rng_state()) s.rng = RngState::capture();
+    {
+      // The checkpoint's own bookkeeping is not the function's work: keep it out of op traces.
+      at::DisableRecordFunctionGuard quiet;
+      if (s.options.preserve_rng_state()) s.rng = RngState::capture();
+    }
     s.autocast = AutocastState::capture();
 
     const auto& observer = s.options.observer();
@@ -87,6 +92,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       }
     }
 
+    at::DisableRecordFunctionGuard quiet;
     std::vector<Tensor> non_differentiable;
     for (size_t i = 0; i < outputs.size(); ++i) {
       auto& out = outputs[i];
@@ -116,6 +122,18 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                 "backward (retain_graph=true is not supported)");
     s.consumed = true;
     const auto& observer = s.options.observer();
+    std::vector<Tensor> detached;
+    std::vector<Tensor> buffers;  // values the forward left, put back once gradients have flowed
+    {
+      at::DisableRecordFunctionGuard quiet;
+      detached.reserve(s.inputs.size());
+      for (const auto& x : s.inputs) {
+        auto d = x.detach();
+        d.requires_grad_(x.requires_grad());
+        detached.push_back(d);
+      }
+      for (const auto& b : s.options.restore_buffers()) buffers.push_back(b.detach().clone());
+    }
     if (observer) observer->recompute_begin(s.call, s.inputs, grad_outputs);
 
     if (s.options.check_input_versions()) {
@@ -129,21 +147,13 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       }
     }
 
-    std::vector<Tensor> detached;
-    detached.reserve(s.inputs.size());
-    for (const auto& x : s.inputs) {
-      auto d = x.detach();
-      d.requires_grad_(x.requires_grad());
-      detached.push_back(d);
-    }
-
     std::vector<Tensor> outputs;
-    std::vector<Tensor> buffers;  // values the forward left, put back once gradients have flowed
     {
       // Fork the RNG: replay the forward's state for the recompute, then give the caller back the
       // state it had, so that checkpointing leaves the random stream of the step unchanged.
       std::optional<RngState> caller_rng;
       if (s.rng) {
+        at::DisableRecordFunctionGuard quiet;
         caller_rng = RngState::capture();
         s.rng->restore();
       }
@@ -155,15 +165,28 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       } else if (s.options.restore_autocast()) {
         autocast.emplace(s.autocast);
       }
-      for (const auto& b : s.options.restore_buffers()) buffers.push_back(b.detach().clone());
       {
         RecomputeMark mark;
         torch::AutoGradMode grad(true);
-        outputs = s.fn(detached);
+        if (s.options.recompute_fp32()) {
+          // Low-precision inputs (the forward ran under autocast) go in as fp32; their gradients
+          // flow back through the cast.
+          std::vector<Tensor> wide;
+          for (const auto& d : detached) {
+            const auto t = d.scalar_type();
+            wide.push_back(t == torch::kHalf || t == torch::kBFloat16 ? d.to(torch::kFloat) : d);
+          }
+          outputs = s.fn(wide);
+        } else {
+          outputs = s.fn(detached);
+        }
       }
       if (observer) observer->recompute_end(s.call, outputs);
       autocast.reset();
-      if (caller_rng) caller_rng->restore();
+      if (caller_rng) {
+        at::DisableRecordFunctionGuard quiet;
+        caller_rng->restore();
+      }
     }
 
     TORCH_CHECK(outputs.size() == grad_outputs.size(), where(s.call),
@@ -182,6 +205,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       // Only now: the recomputed graph may have saved these very tensors (batch_norm does), and
       // writing them earlier would fail its version check.
       torch::NoGradGuard no_grad;
+      at::DisableRecordFunctionGuard quiet;
       for (size_t i = 0; i < buffers.size(); ++i) s.options.restore_buffers()[i].copy_(buffers[i]);
     }
 

@@ -69,9 +69,10 @@ struct CheckpointOptions {
   ///   CheckpointOptions().restore_autocast(false)
   TORCH_ARG(bool, restore_autocast) = true;
 
-  /// Run the recompute with autocast off, whatever the forward ran with: the "keep the recompute in
-  /// fp32" mitigation. The recompute then computes other values than the forward did; ckcheck's
-  /// autocast check measures what that costs. Default: false.
+  /// Run the recompute with autocast off and half/bfloat16 inputs widened to fp32, whatever the
+  /// forward ran with: the "keep the recompute in fp32" mitigation. The recompute then computes
+  /// other values than the forward did; ckcheck's autocast check measures what that costs.
+  /// Default: false.
   ///   CheckpointOptions().recompute_fp32(true)
   TORCH_ARG(bool, recompute_fp32) = false;
 

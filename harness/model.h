@@ -69,6 +69,10 @@ class Model {
   /// The sites the forward runs through SiteRunner::chain, in order; empty when it has none.
   virtual std::vector<std::string> chain_sites() const { return {}; }
 
+  /// Why a site cannot be checkpointed ("" when it can), e.g. a submodule that takes non-tensor
+  /// arguments. Plan::make refuses plans that checkpoint such a site.
+  virtual std::string site_problem(const std::string& site) const { return ""; }
+
   /// The inputs of one step, the same for the same seed.
   virtual std::vector<torch::Tensor> make_inputs(uint64_t seed) = 0;
 

@@ -249,6 +249,16 @@ Plan Plan::make(const Model& model, const std::vector<std::string>& site_globs,
       break;
     }
   }
+  for (const auto& unit : plan.units) {
+    for (const auto& site : unit) {
+      const auto problem = model.site_problem(site);
+      if (!problem.empty()) {
+        throw UsageError(fmt::format("site {} of model {} cannot be checkpointed: {}; choose other "
+                                     "sites with --sites or --policy sites:GLOB",
+                                     site, model.name(), problem));
+      }
+    }
+  }
   return plan;
 }
 

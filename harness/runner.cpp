@@ -1,6 +1,7 @@
 #include "harness/runner.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -70,6 +71,7 @@ class EvidenceObserver : public CheckpointObserver {
   int64_t step = 1;
 
   void forward_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs) override {
+    at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
     if (tracer_) tracer_->push_site(c.site, c.id);
     if (!evidence_) return;
     auto& e = calls_[c.id];
@@ -83,6 +85,7 @@ class EvidenceObserver : public CheckpointObserver {
 
   void forward_end(const CheckpointCall& c, const std::vector<Tensor>& inputs,
                    const std::vector<Tensor>& outputs) override {
+    at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
     if (tracer_) tracer_->pop_site();
     if (!evidence_) return;
     auto& e = calls_[c.id];
@@ -95,6 +98,7 @@ class EvidenceObserver : public CheckpointObserver {
 
   void recompute_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs,
                        const std::vector<Tensor>& grads) override {
+    at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
     if (tracer_) {
       tracer_->set_phase(Phase::kRecompute);
       tracer_->push_site(c.site, c.id);
@@ -114,6 +118,7 @@ class EvidenceObserver : public CheckpointObserver {
   }
 
   void recompute_end(const CheckpointCall& c, const std::vector<Tensor>& outputs) override {
+    at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
     if (tracer_) {
       tracer_->pop_site();
       tracer_->set_phase(Phase::kBackward);
@@ -308,26 +313,31 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
 
   const auto t0 = std::chrono::steady_clock::now();
   try {
+    std::optional<at::DisableRecordFunctionGuard> setup(std::in_place);
     model_.restore(start_);
     seed_all(config_.seed);
     const auto inputs = model_.make_inputs(config_.seed);
     const auto params = model_.named_parameters();
+    setup.reset();
     for (int64_t step = 1; step <= config_.steps; ++step) {
       observer->step = step;
       if (tp) tp->set_phase(Phase::kForward);
       for (const auto& [name, p] : params) p.mutable_grad() = Tensor();
       std::vector<Tensor> xs;
+      std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
       for (const auto& x : inputs) {
         auto leaf = x.detach().clone();
         if (leaf.is_floating_point()) leaf.requires_grad_(true);
         xs.push_back(leaf);
       }
+      quiet.reset();
       std::vector<Tensor> outs;
       {
         std::optional<AutocastScope> scope;
         if (autocast) scope.emplace(*autocast);
         outs = model_.forward(xs, sites);
       }
+      quiet.emplace();
       std::vector<Tensor> roots, grads;
       Tensor loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
       for (size_t i = 0; i < outs.size(); ++i) {
@@ -345,7 +355,9 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
                                   outs[i].defined() ? outs[i].detach().clone() : Tensor()});
       }
       if (tp) tp->set_phase(Phase::kBackward);
+      quiet.reset();
       if (!roots.empty()) torch::autograd::backward(roots, grads);
+      quiet.emplace();
       observer->flush();
       for (const auto& [name, p] : params) {
         record.tensors.push_back({name, "param-grad", step,
@@ -526,6 +538,8 @@ class ProbeSiteRunner : public SiteRunner {
         auto [restart_eq, d2] = same(a, c);
         p.restart_equal = restart_eq;
         if (!restart_eq) p.max_abs_diff = d2;
+        p.first_outputs = a;
+        p.other_outputs = restart_eq ? b : c;
       }
     } catch (const std::exception& e) {
       p.error = message_of(e);

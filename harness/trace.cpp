@@ -29,9 +29,10 @@ bool is_random_op(const std::string& name) {
       "aten::normal_",      "aten::rand",          "aten::rand_like",    "aten::randn",
       "aten::randn_like",   "aten::randint",       "aten::randint_like", "aten::randperm",
       "aten::multinomial",  "aten::exponential_",  "aten::geometric_",   "aten::log_normal_",
-      "aten::cauchy_",      "aten::random_",       "aten::dropout",      "aten::dropout_",
-      "aten::native_dropout", "aten::feature_dropout", "aten::alpha_dropout",
-      "aten::feature_alpha_dropout", "aten::rrelu",  "aten::rrelu_with_noise", "aten::poisson"};
+      "aten::cauchy_",      "aten::random_",       "aten::native_dropout", "aten::rrelu_with_noise",
+      "aten::poisson"};
+  // Not aten::dropout and its kin: they draw through bernoulli_ when they draw at all (p > 0 in
+  // training), and calling them with p = 0 consumes nothing.
   return random_ops.count(name) > 0;
 }
 
@@ -73,17 +74,22 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!t) return nullptr;
   std::lock_guard<std::mutex> lock(t->mutex);
   auto ctx = std::make_unique<Ctx>();
-  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+  static const std::string engine_prefix = "autograd::engine::evaluate_function: ";
+  std::string name = fn.name();
+  const bool engine = name.rfind(engine_prefix, 0) == 0;
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION || engine) {
     // An autograd node: not an op itself, the context of the ops it runs.
     ctx->node = true;
-    std::string node = fn.name();
+    if (engine) name = name.substr(engine_prefix.size());
     const auto it = t->site_of_seq.find(fn.seqNr());
-    t->nodes.push_back(node + "|" + (it == t->site_of_seq.end() ? "" : it->second));
+    std::string site = it == t->site_of_seq.end() ? "" : it->second;
+    if (site.empty() && !t->nodes.empty()) site = t->nodes.back().substr(t->nodes.back().find('|') + 1);
+    t->nodes.push_back(name + "|" + site);
     return ctx;
   }
   OpRecord r;
   r.index = static_cast<int64_t>(t->records.size());
-  r.name = fn.name();
+  r.name = name;
   r.depth = t->depth++;
   r.phase = t->phase;
   r.seq_nr = fn.seqNr();

@@ -67,7 +67,7 @@ class OpTracer {
   std::unique_ptr<Impl> impl_;
 };
 
-/// True for ATen ops that draw random numbers (dropout, bernoulli_, rand, normal_, ...).
+/// True for ATen ops that draw random numbers (bernoulli_, rand, normal_, native_dropout, ...).
 bool is_random_op(const std::string& name);
 
 }  // namespace ckcheck

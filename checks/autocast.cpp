@@ -1,0 +1,140 @@
+// autocast: under AMP, the recompute must run each op in the dtype the forward ran it in. Then
+// the precision question the field guide raises: how far from an fp32 step are the gradients of
+// plain AMP, checkpointed AMP, and checkpointed AMP with the recompute kept in fp32?
+#include <cmath>
+#include <set>
+
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+// ||g - g32|| / ||g32||, in double; NaN when either is missing.
+double relative_error(const torch::Tensor& g, const torch::Tensor& g32) {
+  if (!g.defined() || !g32.defined()) return std::nan("");
+  auto a = g.detach().to(torch::kCPU, torch::kDouble);
+  auto b = g32.detach().to(torch::kCPU, torch::kDouble);
+  const double denom = b.norm().item<double>();
+  const double num = (a - b).norm().item<double>();
+  return denom > 0 ? num / denom : num;
+}
+
+class AutocastCheck : public Check {
+ public:
+  std::string id() const override { return "autocast"; }
+  std::string description() const override {
+    return "under --amp, the recompute runs every op in the forward's dtype, and checkpointing "
+           "does not move gradients further from fp32 than plain AMP";
+  }
+  Needs needs() const override {
+    Needs n;
+    n.dtype_trace = true;
+    n.amp_study = true;
+    return n;
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    if (ctx.config.amp == Amp::kOff) {
+      r.status = Status::kSkip;
+      r.summary = "AMP is off (--amp bf16 on the CPU; fp16 or bf16 on CUDA)";
+      return r;
+    }
+    std::set<std::string> reported;
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      const auto idx = first_dtype_difference(c);
+      if (!idx || reported.count(c.site)) continue;
+      reported.insert(c.site);
+      const size_t i = *idx;
+      auto at = [](const std::vector<std::string>& v, size_t k) { return k < v.size() ? v[k] : std::string("(none)"); };
+      Finding f;
+      f.cause = Cause::kAutocast;
+      f.site = c.site;
+      f.tensor = at(c.forward_ops, i);
+      f.details = {{"op_index", i},
+                   {"forward_op", at(c.forward_ops, i)},
+                   {"forward_dtype", at(c.forward_dtypes, i)},
+                   {"recompute_op", at(c.recompute_ops, i)},
+                   {"recompute_dtype", at(c.recompute_dtypes, i)},
+                   {"forward_ops", c.forward_ops.size()},
+                   {"recompute_ops", c.recompute_ops.size()}};
+      f.message = fmt::format(
+          "op {} of the site ran as {} in {} in the forward but as {} in {} in the recompute",
+          i, at(c.forward_ops, i), at(c.forward_dtypes, i), at(c.recompute_ops, i),
+          at(c.recompute_dtypes, i));
+      add_finding(r, f);
+    }
+    const bool mismatch = !r.findings.empty();
+
+    // The precision study.
+    const auto& fp32 = ctx.records.fp32_reference;
+    const auto& fix = ctx.records.fp32_recompute;
+    double worst_plain = 0, worst_ckpt = 0, worst_fix = 0;
+    bool worse = false;
+    if (fp32 && fix && fp32->error.empty() && ctx.records.reference.error.empty() &&
+        ctx.records.checkpointed.error.empty()) {
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& t : fp32->tensors) {
+        if (t.kind != "param-grad") continue;
+        const auto* plain = ctx.records.reference.find(t.name, t.kind, t.step);
+        const auto* ckpt = ctx.records.checkpointed.find(t.name, t.kind, t.step);
+        const auto* rec = fix->error.empty() ? fix->find(t.name, t.kind, t.step) : nullptr;
+        const double e_plain = plain ? relative_error(plain->value, t.value) : std::nan("");
+        const double e_ckpt = ckpt ? relative_error(ckpt->value, t.value) : std::nan("");
+        const double e_fix = rec ? relative_error(rec->value, t.value) : std::nan("");
+        rows.push_back({{"param", t.name}, {"step", t.step}, {"plain_amp", e_plain},
+                        {"checkpointed_amp", e_ckpt}, {"fp32_recompute", e_fix}});
+        if (std::isfinite(e_plain)) worst_plain = std::max(worst_plain, e_plain);
+        if (std::isfinite(e_ckpt)) worst_ckpt = std::max(worst_ckpt, e_ckpt);
+        if (std::isfinite(e_fix)) worst_fix = std::max(worst_fix, e_fix);
+        // 1e-6 relative error is below anything AMP can be blamed for.
+        if (std::isfinite(e_ckpt) && e_ckpt > 1e-6 && e_ckpt > ctx.amp_error_factor * e_plain) {
+          worse = true;
+          Finding f;
+          f.cause = Cause::kAutocast;
+          f.site = owning_unit(ctx.plan, t.name);
+          f.tensor = t.name;
+          f.details = rows.back();
+          f.message = fmt::format(
+              "checkpointed AMP puts the gradient of {} {:.3g} (relative) from the fp32 step, "
+              "{:.1f}x plain AMP's {:.3g} (bound: {:g}x)",
+              t.name, e_ckpt, e_plain > 0 ? e_ckpt / e_plain : INFINITY, e_plain, ctx.amp_error_factor);
+          f.hint = "keep the recompute in the forward's precision (restore autocast); compare "
+                   "with the fp32-recompute column before adopting it";
+          add_finding(r, f);
+        }
+      }
+      if (!fix->error.empty()) r.details["fp32_recompute_error"] = fix->error;
+      r.details["precision"] = rows;
+      r.details["amp_error_factor"] = ctx.amp_error_factor;
+      r.details["worst"] = {{"plain_amp", worst_plain}, {"checkpointed_amp", worst_ckpt},
+                            {"fp32_recompute", worst_fix}};
+    }
+    std::string study = fmt::format(
+        "gradient error against fp32 (worst parameter): plain AMP {:.3g}, checkpointed {:.3g}, "
+        "fp32 recompute {}",
+        worst_plain, worst_ckpt,
+        fix && !fix->error.empty() ? "failed (" + fix->error + ")" : fmt::format("{:.3g}", worst_fix));
+    if (!fp32 || !fp32->error.empty()) study = "the fp32 reference step did not run";
+    if (mismatch) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} recompute in other dtypes than their forward; {}",
+                              count_of(reported.size(), "site"), study);
+    } else if (worse) {
+      r.status = Status::kWarn;
+      r.summary = fmt::format("checkpointing moves gradients further from fp32 than plain AMP; {}", study);
+    } else {
+      r.summary = fmt::format("forward and recompute ran the same ops in the same dtypes under {}; {}",
+                              amp_name(ctx.config.amp), study);
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_autocast_check() { return std::make_unique<AutocastCheck>(); }
+
+}  // namespace ckcheck

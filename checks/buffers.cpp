@@ -1,0 +1,92 @@
+// buffers: the model's buffers and other state after the checkpointed step against the plain
+// step's. BatchNorm's running statistics must be updated once per step, not again by the
+// recompute.
+#include <algorithm>
+
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+class BuffersCheck : public Check {
+ public:
+  std::string id() const override { return "buffers"; }
+  std::string description() const override {
+    return "buffers and other model state after the step equal the plain step's (BatchNorm "
+           "statistics updated once, not twice)";
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);
+    CheckResult r;
+    r.id = id();
+    const auto explained = explain_sites(ctx);
+    auto explanation_for = [&](const std::string& site) -> const SiteExplanation* {
+      for (const auto& e : explained) {
+        if (e.site == site) return &e;
+      }
+      return nullptr;
+    };
+    if (!ctx.records.checkpointed.error.empty()) {
+      Finding f;
+      f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
+      f.site = explained.empty() ? "" : explained.front().site;
+      f.message = "the checkpointed step failed before its buffers could be compared: " +
+                  ctx.records.checkpointed.error;
+      add_finding(r, f);
+      r.status = Status::kFail;
+      r.summary = "the checkpointed step failed";
+      return r;
+    }
+    size_t compared = 0, differing = 0;
+    // One finding per (cause, unit), naming its buffers.
+    std::vector<std::pair<Finding, std::vector<std::string>>> groups;
+    for (const auto& d : ctx.diffs) {
+      if (d.kind != "buffer") continue;
+      ++compared;
+      if (d.equal) continue;
+      ++differing;
+      Finding f;
+      f.site = owning_unit(ctx.plan, d.name);
+      const auto* e = explanation_for(f.site);
+      const bool other = e && (e->cause == Cause::kStateful || e->cause == Cause::kRng);
+      f.cause = other ? e->cause : Cause::kBufferUpdate;
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+        return g.first.cause == f.cause && g.first.site == f.site;
+      });
+      if (it == groups.end()) {
+        f.tensor = d.name;
+        f.details = {{"first", diff_json(d)}};
+        f.message = other ? fmt::format("{} differs after step {}: {}", d.name, d.step, e->evidence)
+                          : fmt::format("{} differs after step {} (max abs {:.3g}): the forward "
+                                        "updated it and the recompute updated it again",
+                                        d.name, d.step, d.max_abs);
+        groups.push_back({f, {}});
+        it = groups.end() - 1;
+      }
+      it->second.push_back(d.name);
+    }
+    for (auto& [f, names] : groups) {
+      f.details["buffers"] = names;
+      if (names.size() > 1) f.message = fmt::format("{} buffers differ, first {}", names.size(), f.message);
+      add_finding(r, f);
+    }
+    r.details["compared"] = compared;
+    r.details["differing"] = differing;
+    if (differing > 0) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} of {} buffers differ after the step", differing, compared);
+    } else {
+      r.summary = compared == 0 ? "the model has no buffers"
+                                : fmt::format("{} buffers equal after the step", compared);
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_buffers_check() { return std::make_unique<BuffersCheck>(); }
+
+}  // namespace ckcheck

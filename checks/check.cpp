@@ -1,0 +1,149 @@
+#include "checks/check.h"
+
+#include <fmt/format.h>
+
+#include "harness/errors.h"
+
+namespace ckcheck {
+
+const char* cause_name(Cause cause) {
+  switch (cause) {
+    case Cause::kRng:
+      return "rng";
+    case Cause::kInPlace:
+      return "in-place";
+    case Cause::kAutocast:
+      return "autocast";
+    case Cause::kNonDeterministic:
+      return "non-deterministic";
+    case Cause::kStateful:
+      return "stateful";
+    case Cause::kBufferUpdate:
+      return "buffer-update";
+    case Cause::kMissingGrad:
+      return "missing-grad";
+    case Cause::kNonFinite:
+      return "non-finite";
+    case Cause::kVacuous:
+      return "vacuous";
+  }
+  return "";
+}
+
+const std::vector<Cause>& all_causes() {
+  static const std::vector<Cause> causes = {
+      Cause::kRng,      Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
+      Cause::kStateful, Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
+      Cause::kVacuous};
+  return causes;
+}
+
+std::optional<Cause> parse_cause(const std::string& name) {
+  for (auto c : all_causes()) {
+    if (name == cause_name(c)) return c;
+  }
+  return std::nullopt;
+}
+
+std::string fix_hint(Cause cause) {
+  switch (cause) {
+    case Cause::kRng:
+      return "keep RNG state: checkpoint with preserve_rng_state (the default), and draw random "
+             "numbers from the default generator, not a private torch::Generator";
+    case Cause::kInPlace:
+      return "never modify a checkpointed segment's input in place: clone the input first, or "
+             "move the in-place op out of the segment";
+    case Cause::kAutocast:
+      return "restore autocast in the recompute (restore_autocast, the default) and keep the "
+             "segment's precision independent of grad mode";
+    case Cause::kNonDeterministic:
+      return "exclude the non-deterministic op or module from checkpointing (keep its "
+             "activations), or make it deterministic";
+    case Cause::kStateful:
+      return "exclude the stateful module from checkpointing, or skip its state update while "
+             "ckcheck::is_recomputing()";
+    case Cause::kBufferUpdate:
+      return "restore the segment's buffers after the recompute (--restore-buffers, "
+             "CheckpointOptions::restore_buffers) or skip the update while is_recomputing()";
+    case Cause::kMissingGrad:
+      return "make the segment's input require grad, or use a checkpoint that handles inputs "
+             "without grad (ckcheck::checkpoint does)";
+    case Cause::kNonFinite:
+      return "run `ckcheck diagnose` to find the first op that produced NaN/Inf; keep the "
+             "recompute in fp32 if it appears only with checkpointing";
+    case Cause::kVacuous:
+      return "equality proves nothing here: initialise the model so gradients reach the "
+             "checkpointed sites (a zero-initialised head blocks them) or check another seed";
+  }
+  return "";
+}
+
+const char* status_name(Status status) {
+  switch (status) {
+    case Status::kPass:
+      return "pass";
+    case Status::kWarn:
+      return "warn";
+    case Status::kFail:
+      return "fail";
+    case Status::kSkip:
+      return "skip";
+    case Status::kError:
+      return "error";
+  }
+  return "";
+}
+
+bool Finding::operator==(const Finding& o) const {
+  return cause == o.cause && site == o.site && tensor == o.tensor && message == o.message &&
+         hint == o.hint && details == o.details;
+}
+
+std::ostream& operator<<(std::ostream& os, const Finding& f) {
+  os << "[" << cause_name(f.cause) << "]";
+  if (!f.site.empty()) os << " " << f.site;
+  if (!f.tensor.empty()) os << " " << f.tensor;
+  return os << ": " << f.message;
+}
+
+std::ostream& operator<<(std::ostream& os, const CheckResult& r) {
+  os << r.id << ": " << status_name(r.status) << " - " << r.summary;
+  for (const auto& f : r.findings) os << "\n  " << f;
+  return os;
+}
+
+std::vector<std::unique_ptr<Check>> builtin_checks() {
+  std::vector<std::unique_ptr<Check>> v;
+  v.push_back(make_gradients_check());
+  v.push_back(make_buffers_check());
+  v.push_back(make_input_mutation_check());
+  v.push_back(make_rng_check());
+  v.push_back(make_autocast_check());
+  v.push_back(make_determinism_check());
+  v.push_back(make_nan_check());
+  return v;
+}
+
+std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids) {
+  auto all = builtin_checks();
+  if (ids.empty()) return all;
+  std::vector<std::string> known;
+  for (const auto& c : all) known.push_back(c->id());
+  for (const auto& id : ids) {
+    if (std::find(known.begin(), known.end(), id) == known.end()) {
+      throw UsageError(fmt::format("unknown check '{}'; checks: {}", id, fmt::join(known, ", ")));
+    }
+  }
+  std::vector<std::unique_ptr<Check>> out;
+  for (auto& c : all) {
+    if (std::find(ids.begin(), ids.end(), c->id()) != ids.end()) out.push_back(std::move(c));
+  }
+  return out;
+}
+
+const std::vector<std::string>& hazard_check_ids() {
+  static const std::vector<std::string> ids = {"input-mutation", "rng", "autocast", "determinism"};
+  return ids;
+}
+
+}  // namespace ckcheck

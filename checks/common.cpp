@@ -1,0 +1,45 @@
+#include "checks/common.h"
+
+namespace ckcheck {
+
+bool add_finding(CheckResult& r, Finding f) {
+  if (r.findings.size() >= kMaxFindings) {
+    r.details["findings_not_listed"] = r.details.value("findings_not_listed", 0) + 1;
+    return false;
+  }
+  if (f.hint.empty()) f.hint = fix_hint(f.cause);
+  r.findings.push_back(std::move(f));
+  return true;
+}
+
+std::string count_of(size_t n, const std::string& what) {
+  return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s");
+}
+
+nlohmann::json diff_json(const TensorDiff& d) {
+  return {{"name", d.name},
+          {"kind", d.kind},
+          {"step", d.step},
+          {"equal", d.equal},
+          {"max_abs", d.max_abs},
+          {"max_rel", d.max_rel},
+          {"max_ulp", d.max_ulp},
+          {"mismatched", d.mismatched},
+          {"numel", d.numel},
+          {"first_index", d.first_index},
+          {"nonfinite_reference", d.nonfinite_reference},
+          {"nonfinite_checkpointed", d.nonfinite_checkpointed},
+          {"missing", d.missing},
+          {"note", d.note}};
+}
+
+CheckResult reference_failed(const std::string& id, const CheckContext& ctx) {
+  CheckResult r;
+  r.id = id;
+  r.status = Status::kError;
+  r.summary = "the plain (reference) step failed, so there is nothing to compare: " +
+              ctx.records.reference.error;
+  return r;
+}
+
+}  // namespace ckcheck

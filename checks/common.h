@@ -1,0 +1,27 @@
+// Small helpers shared by the check files.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "checks/check.h"
+
+namespace ckcheck {
+
+/// Findings beyond this many per check are counted in the summary, not listed.
+constexpr size_t kMaxFindings = 25;
+
+/// Adds a finding unless the check already lists kMaxFindings; returns whether it was added.
+bool add_finding(CheckResult& r, Finding f);
+
+/// "3 findings" / "1 finding" style.
+std::string count_of(size_t n, const std::string& what);
+
+/// The JSON form of a TensorDiff (the report's "tensors" entries use it too).
+nlohmann::json diff_json(const TensorDiff& d);
+
+/// A CheckResult for when the reference step itself failed: nothing can be compared.
+CheckResult reference_failed(const std::string& id, const CheckContext& ctx);
+
+}  // namespace ckcheck

@@ -1,0 +1,102 @@
+// determinism: each checkpointed site, run twice on identical inputs and RNG state, gives the same
+// outputs. If not: non-deterministic (differs even from identical state), or stateful (differs
+// because the first call changed the site's own state).
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+class DeterminismCheck : public Check {
+ public:
+  std::string id() const override { return "determinism"; }
+  std::string description() const override {
+    return "each checkpointed site gives the same outputs when run again on identical inputs and "
+           "RNG state (non-deterministic ops, stateful modules)";
+  }
+  Needs needs() const override {
+    Needs n;
+    n.probe = true;
+    return n;
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    if (!ctx.records.probes) {
+      r.status = Status::kSkip;
+      r.summary = "the determinism probe did not run";
+      return r;
+    }
+    bool failed = false;
+    size_t probed = 0;
+    for (const auto& p : *ctx.records.probes) {
+      ++probed;
+      if (!p.error.empty()) {
+        r.status = Status::kWarn;
+        add_finding(r, {Cause::kNonDeterministic, p.site, "",
+                        "the site could not be run again on its inputs: " + p.error,
+                        "check that the site can be called twice (the recompute calls it again)"});
+        continue;
+      }
+      if (p.repeat_equal) continue;
+      // Private generators are the rng check's to report: the repeat draws other numbers.
+      if (p.private_generator) continue;
+      Finding f;
+      f.site = p.site;
+      if (!p.restart_equal) {
+        f.cause = Cause::kNonDeterministic;
+        bool within = !p.first_outputs.empty();
+        double worst_rel = 0.0;
+        for (size_t i = 0; i < p.first_outputs.size() && i < p.other_outputs.size(); ++i) {
+          auto d = compare_tensors(p.first_outputs[i], p.other_outputs[i], ctx.tolerance);
+          within = within && d.equal;
+          worst_rel = std::max(worst_rel, d.max_rel);
+        }
+        f.tensor = "outputs";
+        f.details = {{"max_abs_diff", p.max_abs_diff}, {"max_rel_diff", worst_rel},
+                     {"within_tolerance", within}, {"tolerance", ctx.tolerance.text()}};
+        f.message = fmt::format(
+            "the site gives different outputs on identical inputs and RNG state (max abs "
+            "difference {:.3g}){}",
+            p.max_abs_diff,
+            within ? fmt::format(", within the tolerance {}", ctx.tolerance.text())
+                   : "; the recompute cannot reproduce the forward");
+        if (within) {
+          if (r.status == Status::kPass) r.status = Status::kWarn;
+        } else {
+          failed = true;
+        }
+      } else {
+        f.cause = Cause::kStateful;
+        std::vector<std::string> named;
+        for (const auto& s : p.changed_state) named.push_back(s[0] == '@' ? s.substr(1) : s);
+        f.tensor = named.empty() ? "" : named.front();
+        f.details = {{"changed_state", named}};
+        f.message =
+            named.empty()
+                ? "the site changes state it keeps outside its buffers (a member, a cache or a "
+                  "global), so a second call computes something else"
+                : fmt::format("the site changes its own state ({}) on every call, so the "
+                              "recompute computes something else than the forward",
+                              fmt::join(named, ", "));
+        failed = true;
+      }
+      add_finding(r, f);
+    }
+    if (failed) r.status = Status::kFail;
+    if (r.findings.empty()) {
+      r.summary = probed == 0 ? "nothing is checkpointed"
+                              : fmt::format("{} repeat identically", count_of(probed, "checkpointed unit"));
+    } else {
+      r.summary = fmt::format("{} not repeat identically", count_of(r.findings.size(), "unit") + (r.findings.size() == 1 ? " does" : " do"));
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_determinism_check() { return std::make_unique<DeterminismCheck>(); }
+
+}  // namespace ckcheck

@@ -1,0 +1,84 @@
+#include "checks/evidence.h"
+
+#include <fmt/format.h>
+
+namespace ckcheck {
+
+const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site) {
+  if (!ctx.records.probes) return nullptr;
+  for (const auto& p : *ctx.records.probes) {
+    if (p.site == site) return &p;
+  }
+  return nullptr;
+}
+
+std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
+  if (c.forward_dtypes.empty() && c.recompute_dtypes.empty()) return std::nullopt;
+  if (!c.recomputed) return std::nullopt;
+  const size_t n = std::min(c.forward_dtypes.size(), c.recompute_dtypes.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (c.forward_dtypes[i] != c.recompute_dtypes[i] || c.forward_ops[i] != c.recompute_ops[i]) return i;
+  }
+  if (c.forward_dtypes.size() != c.recompute_dtypes.size()) return n;
+  return std::nullopt;
+}
+
+bool recompute_differs(const CallEvidence& c) {
+  for (const auto& d : c.output_diffs) {
+    if (!d.equal) return true;
+  }
+  return false;
+}
+
+std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
+  std::vector<SiteExplanation> out;
+  for (const auto& unit : ctx.plan.units) {
+    const auto site = Plan::unit_label(unit);
+    const UnitProbe* probe = probe_for(ctx, site);
+    std::optional<SiteExplanation> found;
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      if (c.site != site || found) continue;
+      for (size_t i = 0; i < c.versions_entry.size() && !found; ++i) {
+        if (i < c.versions_exit.size() && c.versions_exit[i] != c.versions_entry[i]) {
+          found = SiteExplanation{site, Cause::kInPlace,
+                                  fmt::format("the site changes its input {} in place", i)};
+        } else if (i < c.versions_recompute.size() && c.versions_recompute[i] != c.versions_exit[i]) {
+          found = SiteExplanation{site, Cause::kInPlace,
+                                  fmt::format("input {} is changed in place after the site's forward", i)};
+        } else if (i < c.content_changed.size() && c.content_changed[i]) {
+          found = SiteExplanation{site, Cause::kInPlace,
+                                  fmt::format("input {}'s content changed before the recompute", i)};
+        }
+      }
+      if (found || !recompute_differs(c)) continue;
+      if (probe && probe->private_generator) {
+        found = SiteExplanation{site, Cause::kRng, "the site draws from its own torch::Generator, which no checkpoint restores"};
+      } else if (c.rng_consumed && !ctx.config.preserve_rng_state) {
+        found = SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
+      } else if (first_dtype_difference(c)) {
+        found = SiteExplanation{site, Cause::kAutocast, "the recompute runs its ops in other dtypes than the forward"};
+      } else if (probe && !probe->repeat_equal && probe->restart_equal) {
+        found = SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
+      } else if (probe && !probe->restart_equal) {
+        found = SiteExplanation{site, Cause::kNonDeterministic, "the site gives different outputs on identical inputs"};
+      } else {
+        found = SiteExplanation{site, Cause::kNonDeterministic, "the recompute did not reproduce the forward's outputs"};
+      }
+    }
+    if (found) out.push_back(*found);
+  }
+  return out;
+}
+
+std::string owning_unit(const Plan& plan, const std::string& name) {
+  std::string tensor = name;
+  if (!tensor.empty() && tensor[0] == '@') tensor = tensor.substr(1);
+  for (const auto& unit : plan.units) {
+    for (const auto& site : unit) {
+      if (site_within(tensor, site)) return Plan::unit_label(unit);
+    }
+  }
+  return "";
+}
+
+}  // namespace ckcheck

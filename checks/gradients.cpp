@@ -1,0 +1,140 @@
+// gradients: the checkpointed step's loss, outputs, parameter and input gradients against the
+// plain step's; and a warning when equality proves nothing because no gradient reached the
+// checkpointed sites.
+#include <algorithm>
+#include <set>
+
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+bool compared_here(const std::string& kind) {
+  return kind == "loss" || kind == "output" || kind == "param-grad" || kind == "input-grad";
+}
+
+class GradientsCheck : public Check {
+ public:
+  std::string id() const override { return "gradients"; }
+  std::string description() const override {
+    return "loss, outputs, parameter and input gradients equal the plain step's (within the "
+           "tolerance); warns when no gradient reaches the checkpointed sites";
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);
+    CheckResult r;
+    r.id = id();
+    const auto explained = explain_sites(ctx);
+    const auto& ckpt = ctx.records.checkpointed;
+
+    if (!ckpt.error.empty()) {
+      Finding f;
+      f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
+      f.site = explained.empty() ? "" : explained.front().site;
+      f.message = "the checkpointed step failed: " + ckpt.error;
+      add_finding(r, f);
+      r.status = Status::kFail;
+      r.summary = "the checkpointed step failed where the plain step did not";
+      return r;
+    }
+
+    // One finding per (cause, site): the tensors it explains, named by the worst of them.
+    struct Group {
+      Finding finding;
+      std::vector<std::string> tensors;
+      double worst = -1;
+    };
+    std::vector<Group> groups;
+    size_t compared = 0, differing = 0;
+    for (const auto& d : ctx.diffs) {
+      if (!compared_here(d.kind)) continue;
+      ++compared;
+      if (d.equal) continue;
+      ++differing;
+      Finding f;
+      std::string evidence;
+      if (d.missing != "none") {
+        f.cause = Cause::kMissingGrad;
+        f.site = owning_unit(ctx.plan, d.name);
+        evidence = fmt::format("{} exists only on the {} side", d.name,
+                               d.missing == "checkpointed" ? "reference" : "checkpointed");
+      } else if (d.nonfinite_checkpointed > d.nonfinite_reference) {
+        f.cause = Cause::kNonFinite;
+        evidence = fmt::format("{} has {} NaN/Inf values with checkpointing, {} without", d.name,
+                               d.nonfinite_checkpointed, d.nonfinite_reference);
+      } else {
+        f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
+        f.site = explained.empty() ? "" : explained.front().site;
+        evidence = explained.empty() ? "no site-level evidence explains it; run `ckcheck diagnose`"
+                                     : explained.front().evidence;
+      }
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+        return g.finding.cause == f.cause && g.finding.site == f.site;
+      });
+      if (it == groups.end()) {
+        groups.push_back({f, {}, -1});
+        it = groups.end() - 1;
+      }
+      it->tensors.push_back(d.name);
+      const double score = d.missing != "none" ? 1e300 : d.max_rel;
+      if (score > it->worst) {
+        it->worst = score;
+        it->finding.tensor = d.name;
+        it->finding.details = {{"worst", diff_json(d)}};
+        it->finding.message = fmt::format(
+            "{} {} differs at step {}: {} of {} elements, max abs {:.3g}, max rel {:.3g}{}{}; {}",
+            d.kind, d.name, d.step, d.mismatched, d.numel, d.max_abs, d.max_rel,
+            d.note.empty() ? "" : ", ", d.note, evidence);
+      }
+    }
+    for (auto& g : groups) {
+      g.finding.details["tensors"] = g.tensors;
+      if (g.tensors.size() > 1) {
+        g.finding.message = fmt::format("{} tensors differ; the worst, {}", g.tensors.size(), g.finding.message);
+      }
+      add_finding(r, g.finding);
+    }
+    r.details["compared"] = compared;
+    r.details["differing"] = differing;
+    if (differing > 0) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} of {} tensors differ ({})", differing, compared, ctx.tolerance.text());
+      return r;
+    }
+    r.summary = fmt::format("{} tensors equal ({}) with {} checkpointed", compared,
+                            ctx.tolerance.text(), count_of(ctx.plan.units.size(), "unit"));
+
+    // Vacuity: equal gradients say nothing about sites no gradient reached.
+    if (ctx.plan.units.empty()) {
+      r.status = Status::kWarn;
+      add_finding(r, {Cause::kVacuous, "", "", "the policy checkpoints nothing, so the run compares the plain step with itself", ""});
+      return r;
+    }
+    std::vector<std::string> unexercised;
+    for (const auto& unit : ctx.plan.units) {
+      const auto site = Plan::unit_label(unit);
+      bool exercised = false;
+      for (const auto& c : ckpt.calls) exercised = exercised || (c.site == site && c.recomputed && !c.grad_all_zero);
+      if (!exercised) unexercised.push_back(site);
+    }
+    if (!unexercised.empty()) {
+      r.status = Status::kWarn;
+      for (const auto& site : unexercised) {
+        add_finding(r, {Cause::kVacuous, site, "",
+                        "no non-zero gradient reached this checkpointed site, so the equal "
+                        "gradients do not show that its recompute is correct", ""});
+      }
+      r.summary += fmt::format("; but {} of {} checkpointed units got only zero gradients",
+                               unexercised.size(), ctx.plan.units.size());
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_gradients_check() { return std::make_unique<GradientsCheck>(); }
+
+}  // namespace ckcheck

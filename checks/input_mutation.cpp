@@ -1,0 +1,76 @@
+// input-mutation: a checkpointed site's input changed between entering the site and its
+// recompute, so the recompute starts from other data.
+#include <set>
+
+#include "checks/common.h"
+
+namespace ckcheck {
+namespace {
+
+class InputMutationCheck : public Check {
+ public:
+  std::string id() const override { return "input-mutation"; }
+  std::string description() const override {
+    return "no checkpointed site's input changes (version counter or content) between entering "
+           "the site and its recompute";
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    std::set<std::pair<std::string, size_t>> seen;
+    size_t calls = 0;
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      ++calls;
+      for (size_t i = 0; i < c.versions_entry.size(); ++i) {
+        if (seen.count({c.site, i})) continue;
+        Finding f;
+        f.cause = Cause::kInPlace;
+        f.site = c.site;
+        f.tensor = fmt::format("input {}", i);
+        if (i < c.versions_exit.size() && c.versions_exit[i] != c.versions_entry[i]) {
+          f.message = fmt::format(
+              "the site changes its input {} in place during its forward (version {} -> {}); "
+              "the recompute would start from the changed data",
+              i, c.versions_entry[i], c.versions_exit[i]);
+          f.details = {{"input", i}, {"when", "forward"}, {"version_entry", c.versions_entry[i]},
+                       {"version_exit", c.versions_exit[i]}};
+        } else if (i < c.versions_recompute.size() && i < c.versions_exit.size() &&
+                   c.versions_recompute[i] != c.versions_exit[i]) {
+          f.message = fmt::format(
+              "input {} is changed in place after the site's forward and before its recompute "
+              "(version {} -> {})",
+              i, c.versions_exit[i], c.versions_recompute[i]);
+          f.details = {{"input", i}, {"when", "between forward and recompute"},
+                       {"version_exit", c.versions_exit[i]},
+                       {"version_recompute", c.versions_recompute[i]}};
+        } else if (i < c.content_changed.size() && c.content_changed[i]) {
+          f.message = fmt::format(
+              "input {}'s content changed before the recompute without a version bump (a write "
+              "through .data or an untracked alias)",
+              i);
+          f.details = {{"input", i}, {"when", "untracked write"}};
+        } else {
+          continue;
+        }
+        seen.insert({c.site, i});
+        add_finding(r, f);
+      }
+    }
+    if (!r.findings.empty()) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} changed in place", count_of(r.findings.size(), "checkpointed input"));
+    } else {
+      r.summary = calls == 0 ? "no checkpointed call was recorded"
+                             : fmt::format("inputs of {} unchanged until their recompute",
+                                           count_of(calls, "checkpointed call"));
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_input_mutation_check() { return std::make_unique<InputMutationCheck>(); }
+
+}  // namespace ckcheck

@@ -1,0 +1,79 @@
+// rng: a checkpointed site consumes random numbers and its recompute does not reproduce the
+// forward's outputs: the RNG state was not replayed, or the site draws from a private generator.
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+class RngCheck : public Check {
+ public:
+  std::string id() const override { return "rng"; }
+  std::string description() const override {
+    return "sites that draw random numbers (dropout) replay the forward's draws in the recompute";
+  }
+  Needs needs() const override {
+    Needs n;
+    n.probe = true;  // random ops and private generators are seen by the probe
+    return n;
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    size_t random_sites = 0;
+    for (const auto& unit : ctx.plan.units) {
+      const auto site = Plan::unit_label(unit);
+      const UnitProbe* probe = probe_for(ctx, site);
+      bool consumed = probe && (probe->rng_consumed || !probe->random_ops.empty());
+      bool differs = false;
+      for (const auto& c : ctx.records.checkpointed.calls) {
+        if (c.site != site) continue;
+        consumed = consumed || c.rng_consumed;
+        differs = differs || recompute_differs(c);
+      }
+      if (!consumed) continue;
+      ++random_sites;
+      const bool private_gen = probe && probe->private_generator;
+      if (!differs || !(private_gen || !ctx.config.preserve_rng_state)) continue;
+      Finding f;
+      f.cause = Cause::kRng;
+      f.site = site;
+      std::string ops;
+      if (probe) ops = fmt::format("{}", fmt::join(probe->random_ops, ", "));
+      f.tensor = ops;
+      f.details = {{"random_ops", probe ? probe->random_ops : std::vector<std::string>{}},
+                   {"private_generator", private_gen},
+                   {"rng_state_preserved", ctx.config.preserve_rng_state}};
+      if (private_gen) {
+        f.message = "the site draws random numbers from its own torch::Generator, which no "
+                    "checkpoint saves or restores, so its recompute draws other numbers";
+        f.hint = "draw from the default generator (whose state the checkpoint replays), or "
+                 "exclude this site from checkpointing";
+      } else {
+        f.message = "the site draws random numbers and the RNG state is not replayed in the "
+                    "recompute, so it draws a different mask than the forward";
+        f.hint = "keep RNG state: checkpoint with preserve_rng_state (drop --no-preserve-rng)";
+      }
+      add_finding(r, f);
+    }
+    if (!r.findings.empty()) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} recompute with other random numbers than the forward",
+                              count_of(r.findings.size(), "site"));
+    } else if (random_sites == 0) {
+      r.summary = "no checkpointed site draws random numbers";
+    } else {
+      r.summary = fmt::format("{} random numbers; the recomputes replay them", 
+                              random_sites == 1 ? std::string("1 checkpointed site draws")
+                                                : fmt::format("{} checkpointed sites draw", random_sites));
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_rng_check() { return std::make_unique<RngCheck>(); }
+
+}  // namespace ckcheck

@@ -1,0 +1,60 @@
+#include "checks/session.h"
+
+#include <set>
+
+namespace ckcheck {
+
+std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepRecord& checkpointed,
+                                        const Tolerance& tolerance) {
+  std::vector<TensorDiff> diffs;
+  std::set<std::tuple<std::string, std::string, int64_t>> seen;
+  for (const auto& t : reference.tensors) {
+    const auto* other = checkpointed.find(t.name, t.kind, t.step);
+    TensorDiff d;
+    if (other) {
+      d = compare_tensors(t.value, other->value, tolerance);
+    } else if (checkpointed.error.empty()) {
+      d = compare_tensors(t.value, torch::Tensor(), tolerance);
+    } else {
+      continue;  // the checkpointed step stopped before recording it; the checks report the error
+    }
+    d.name = t.name;
+    d.kind = t.kind;
+    d.step = t.step;
+    seen.insert({t.name, t.kind, t.step});
+    diffs.push_back(d);
+  }
+  for (const auto& t : checkpointed.tensors) {
+    if (seen.count({t.name, t.kind, t.step}) || !reference.error.empty()) continue;
+    TensorDiff d = compare_tensors(torch::Tensor(), t.value, tolerance);
+    d.name = t.name;
+    d.kind = t.kind;
+    d.step = t.step;
+    diffs.push_back(d);
+  }
+  return diffs;
+}
+
+RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
+                      const std::vector<std::unique_ptr<Check>>& checks, double amp_error_factor) {
+  Needs needs;
+  for (const auto& c : checks) needs |= c->needs();
+  RunOutcome out;
+  out.records = runner.run_all(plan, needs);
+  out.diffs = compare_records(out.records.reference, out.records.checkpointed, tolerance);
+  CheckContext ctx{runner.model(), plan,      runner.config(), tolerance,
+                   out.records,    out.diffs, amp_error_factor};
+  for (const auto& c : checks) out.results.push_back(c->run(ctx));
+  return out;
+}
+
+std::string verdict_of(const std::vector<CheckResult>& results) {
+  bool error = false;
+  for (const auto& r : results) {
+    if (r.status == Status::kFail) return "fail";
+    error = error || r.status == Status::kError;
+  }
+  return error ? "error" : "pass";
+}
+
+}  // namespace ckcheck

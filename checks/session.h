@@ -1,0 +1,31 @@
+// One `ckcheck run`: record what the chosen checks need, compare, and run the checks.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "checks/check.h"
+
+namespace ckcheck {
+
+struct RunOutcome {
+  RunRecords records;
+  std::vector<TensorDiff> diffs;  // reference against checkpointed, every recorded tensor
+  std::vector<CheckResult> results;
+};
+
+/// Every tensor of `reference` against its counterpart in `checkpointed` (and the ones only the
+/// checkpointed side has), in record order.
+std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepRecord& checkpointed,
+                                        const Tolerance& tolerance);
+
+/// Runs the steps the checks need through `runner`, then the checks.
+RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
+                      const std::vector<std::unique_ptr<Check>>& checks,
+                      double amp_error_factor = 2.0);
+
+/// pass when no check failed or errored, fail when one failed, error when one errored and none
+/// failed.
+std::string verdict_of(const std::vector<CheckResult>& results);
+
+}  // namespace ckcheck

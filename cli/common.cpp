@@ -1,0 +1,216 @@
+#include "cli/common.h"
+
+#include <fmt/format.h>
+#include <torch/cuda.h>
+#include <unistd.h>
+
+#include <set>
+#include <sys/stat.h>
+
+#include "fixtures/registry.h"
+#include "harness/errors.h"
+#include "harness/torchscript_model.h"
+
+namespace ckcheck::cli {
+
+std::map<std::string, std::string> ModelArgs::given_options() const {
+  std::map<std::string, std::string> out;
+  for (const auto& [name, opt] : option_flags) {
+    if (opt->count() > 0) out[name] = raw_options.at(name);
+  }
+  return out;
+}
+
+void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy) {
+  std::vector<std::string> names;
+  for (const auto& s : builtin_models()) names.push_back(s.name);
+  app.add_option("--model", args.model,
+                 fmt::format("the model: a built-in one ({}) or the path of a TorchScript file",
+                             fmt::join(names, ", ")))
+      ->required();
+
+  // The options of all built-in models, each shown once with the models that take it.
+  std::map<std::string, std::vector<std::pair<std::string, std::string>>> by_option;
+  std::vector<std::string> order;
+  for (const auto& spec : builtin_models()) {
+    for (const auto& o : spec.options) {
+      if (!by_option.count(o.name)) order.push_back(o.name);
+      by_option[o.name].push_back({spec.name, fmt::format("{} (default {})", o.help, o.default_value)});
+    }
+  }
+  auto* group = app.add_option_group("Model options", "options of the built-in models (see `ckcheck list`)");
+  for (const auto& name : order) {
+    std::map<std::string, std::vector<std::string>> models_by_help;
+    for (const auto& [model, help] : by_option[name]) {
+      // faulty/* share the mlp options; name them once.
+      const auto shown = model.rfind("faulty/", 0) == 0 ? std::string("faulty/*") : model;
+      auto& v = models_by_help[help];
+      if (std::find(v.begin(), v.end(), shown) == v.end()) v.push_back(shown);
+    }
+    std::vector<std::string> parts;
+    for (const auto& [help, models] : models_by_help) parts.push_back(fmt::format("{}: {}", fmt::join(models, ", "), help));
+    auto* opt = group->add_option("--" + name, args.raw_options[name], fmt::format("{}", fmt::join(parts, "; ")));
+    args.option_flags.push_back({name, opt});
+  }
+
+  app.add_option("--sites", args.sites,
+                 "where checkpoints may go: globs over module paths, comma-separated or repeated "
+                 "(default: the model's own blocks); '*' matches dots too, as in '*.attn'")
+      ->delimiter(',');
+  if (with_policy) {
+    app.add_option("--policy", args.policy,
+                   "which candidate sites are checkpointed: none, every:K, segments[:N] (N "
+                   "defaults to sqrt of the candidates), sites:GLOB[,GLOB]")
+        ->capture_default_str();
+  }
+  app.add_option("--seed", args.seed, "seed for parameters, inputs, dropout and upstream gradients")
+      ->capture_default_str();
+  app.add_option("--steps", args.steps, "training steps, with an SGD update between them")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  app.add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
+  app.add_option("--amp", args.amp, "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)")->capture_default_str();
+
+  auto* ts = app.add_option_group("TorchScript inputs", "for --model PATH.pt");
+  auto note = [&args](const std::string& name) {
+    return [&args, name](const std::string&) { args.torchscript_flags.push_back(name); };
+  };
+  ts->add_option("--input-shape", args.input_shape, "shape of a seeded random input, as 2,3,224,224")
+      ->each(note("--input-shape"));
+  ts->add_option("--input-dtype", args.input_dtype, "float32, float64, float16, bfloat16, int64 or int32")
+      ->capture_default_str()
+      ->each(note("--input-dtype"));
+  ts->add_option("--input-range", args.input_range, "LO,HI: integers in [LO, HI) for token ids; uniform in [LO, HI) for floats")
+      ->each(note("--input-range"));
+  ts->add_option("--input", args.input_file, "a file of input tensors saved from Python (torch.save of a tensor, list or tuple)")
+      ->each(note("--input"));
+}
+
+torch::Device parse_device(const std::string& text) {
+  c10::optional<torch::Device> device;
+  try {
+    device = torch::Device(text);
+  } catch (const std::exception&) {
+  }
+  if (!device || !(device->is_cpu() || device->is_cuda())) {
+    throw UsageError(fmt::format("unknown --device '{}'; valid: cpu, cuda, cuda:N", text));
+  }
+  if (device->is_cuda()) {
+    if (!torch::cuda::is_available()) {
+      throw UsageError("--device " + text + ": no CUDA device is available to this build of ckcheck (a CPU LibTorch, or no GPU); use --device cpu");
+    }
+    const int64_t index = device->has_index() ? device->index() : 0;
+    if (index >= static_cast<int64_t>(torch::cuda::device_count())) {
+      throw UsageError(fmt::format("--device {}: there are {} CUDA devices", text, torch::cuda::device_count()));
+    }
+  }
+  return *device;
+}
+
+namespace {
+bool is_file(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+bool looks_like_path(const std::string& name) {
+  auto ends = [&name](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  return ends(".pt") || ends(".pth") || ends(".zip") || ends(".ts") || name.find('/') == 0 ||
+         name.rfind("./", 0) == 0 || name.rfind("../", 0) == 0;
+}
+}  // namespace
+
+std::unique_ptr<Model> build_model(const ModelArgs& args) {
+  const auto given = args.given_options();
+  if (is_file(args.model) || looks_like_path(args.model)) {
+    if (!given.empty()) {
+      throw UsageError(fmt::format("--{} is an option of the built-in models; a TorchScript model "
+                                   "takes --input-shape, --input-dtype, --input-range or --input",
+                                   given.begin()->first));
+    }
+    TorchScriptInputs inputs;
+    inputs.shape = args.input_shape;
+    inputs.dtype = args.input_dtype;
+    inputs.range = args.input_range;
+    inputs.file = args.input_file;
+    return load_torchscript_model(args.model, inputs, args.seed);
+  }
+  if (!args.torchscript_flags.empty()) {
+    throw UsageError(fmt::format("{} applies to TorchScript models (--model PATH.pt), not to the "
+                                 "built-in model {}",
+                                 args.torchscript_flags.front(), args.model));
+  }
+  return make_model(args.model, given, args.seed);
+}
+
+RunConfig run_config(const ModelArgs& args) {
+  RunConfig c;
+  c.seed = args.seed;
+  c.steps = args.steps;
+  c.device = parse_device(args.device);
+  c.amp = parse_amp(args.amp);
+  if (c.amp == Amp::kFp16 && !c.device.is_cuda()) {
+    throw UsageError("--amp fp16 is CUDA's autocast; on the CPU use --amp bf16");
+  }
+  return c;
+}
+
+ModelInfo model_info(const Model& model, const Plan& plan) {
+  ModelInfo info;
+  info.name = model.name();
+  info.options = model.options();
+  info.sites = model.sites();
+  info.candidates = plan.candidates;
+  info.checkpointed = plan.checkpointed();
+  for (const auto& u : plan.units) info.units.push_back(Plan::unit_label(u));
+  info.policy = plan.policy.text();
+  return info;
+}
+
+std::string model_command_line(const ModelArgs& args, bool with_policy) {
+  std::string s = "--model " + shell_quote(args.model);
+  for (const auto& [k, v] : args.given_options()) s += fmt::format(" --{} {}", k, shell_quote(v));
+  if (!args.input_shape.empty()) s += " --input-shape " + shell_quote(args.input_shape);
+  if (!args.input_shape.empty() || !args.input_range.empty()) s += " --input-dtype " + shell_quote(args.input_dtype);
+  if (!args.input_range.empty()) s += " --input-range " + shell_quote(args.input_range);
+  if (!args.input_file.empty()) s += " --input " + shell_quote(args.input_file);
+  if (!args.sites.empty()) s += " --sites " + shell_quote(fmt::format("{}", fmt::join(args.sites, ",")));
+  if (with_policy) s += " --policy " + shell_quote(args.policy);
+  s += fmt::format(" --seed {}", args.seed);
+  if (args.steps != 1) s += fmt::format(" --steps {}", args.steps);
+  if (args.device != "cpu") s += " --device " + shell_quote(args.device);
+  if (args.amp != "off") s += " --amp " + shell_quote(args.amp);
+  return s;
+}
+
+std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports) {
+  std::vector<ReportTarget> out;
+  bool to_stdout = false;
+  for (const auto& r : reports) {
+    out.push_back(parse_report_target(r));
+    to_stdout = to_stdout || out.back().path.empty();
+  }
+  // The console summary always comes unless another report already goes to standard output.
+  if (!to_stdout) out.insert(out.begin(), ReportTarget{"console", ""});
+  return out;
+}
+
+bool use_color() { return isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr; }
+
+std::vector<std::string> split_list(const std::vector<std::string>& items) {
+  std::vector<std::string> out;
+  for (const auto& item : items) {
+    size_t start = 0;
+    while (start <= item.size()) {
+      const auto comma = item.find(',', start);
+      const auto part = item.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (!part.empty()) out.push_back(part);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace ckcheck::cli

@@ -1,0 +1,75 @@
+// What several subcommands share: the model options, building the model, and the command line
+// that reproduces a run.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/model.h"
+#include "harness/plan.h"
+#include "harness/runner.h"
+#include "reports/report.h"
+
+namespace ckcheck::cli {
+
+/// Options that choose and build a model and the steps it runs.
+struct ModelArgs {
+  std::string model;
+  std::vector<std::string> sites;
+  std::string policy = "every:1";
+  uint64_t seed = 0;
+  int64_t steps = 1;
+  std::string device = "cpu";
+  std::string amp = "off";
+  // TorchScript files
+  std::string input_shape;
+  std::string input_dtype = "float32";
+  std::string input_range;
+  std::string input_file;
+
+  // Filled by add_model_args: the per-model options (--layers, --hidden, ...).
+  std::map<std::string, std::string> raw_options;
+  std::vector<std::pair<std::string, CLI::Option*>> option_flags;
+  std::vector<std::string> torchscript_flags;  // names of the TorchScript-only options given
+
+  /// The model options given on the command line.
+  std::map<std::string, std::string> given_options() const;
+};
+
+/// Registers --model, the model options of every built-in model, --sites, --policy, --seed,
+/// --steps, --device, --amp and the TorchScript input options. `with_policy` is false for commands
+/// that take several policies.
+void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true);
+
+/// Builds the model the arguments name (a built-in fixture or a TorchScript file); throws
+/// UsageError on a bad name, option or file.
+std::unique_ptr<Model> build_model(const ModelArgs& args);
+
+/// The device the arguments name; throws UsageError when it is not available here.
+torch::Device parse_device(const std::string& text);
+
+/// RunConfig from the arguments (flags that switch protections off are set by the caller).
+RunConfig run_config(const ModelArgs& args);
+
+/// The model part of a report.
+ModelInfo model_info(const Model& model, const Plan& plan);
+
+/// "--model transformer --layers 4 ... --seed 0": the model arguments as a command line.
+std::string model_command_line(const ModelArgs& args, bool with_policy = true);
+
+/// --report targets, validated before any work; the console report to standard output is added
+/// unless a report already goes there.
+std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports);
+
+/// Whether console output gets colour: a terminal, and NO_COLOR unset.
+bool use_color();
+
+/// Parses a comma-separated list, dropping empty items.
+std::vector<std::string> split_list(const std::vector<std::string>& items);
+
+}  // namespace ckcheck::cli

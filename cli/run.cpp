@@ -1,0 +1,139 @@
+#include "cli/run.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "checks/session.h"
+#include "harness/errors.h"
+
+namespace ckcheck::cli {
+
+void add_run_flags(CLI::App& app, RunOptions& o) {
+  app.add_option("--tolerance", o.tolerance,
+                 "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N")
+      ->capture_default_str();
+  app.add_flag("--no-preserve-rng", o.no_preserve_rng,
+               "do not replay the RNG state in the recompute (shows what dropout does without it)");
+  app.add_flag("--no-restore-autocast", o.no_restore_autocast,
+               "run the recompute without the forward's autocast state");
+  app.add_flag("--no-check-inputs", o.no_check_inputs,
+               "let the checkpoint go on when a segment's input was changed in place (as "
+               "torch.utils.checkpoint does, silently)");
+  app.add_flag("--restore-buffers", o.restore_buffers,
+               "restore each checkpointed site's buffers after its recompute (BatchNorm statistics "
+               "updated once)");
+  app.add_flag("--recompute-fp32", o.recompute_fp32,
+               "keep the recompute in fp32 under --amp (the usual mitigation; measured by the "
+               "autocast check either way)");
+  app.add_option("--lr", o.lr, "learning rate of the SGD update between steps")->capture_default_str();
+  app.add_option("--amp-error-factor", o.amp_error_factor,
+                 "warn when checkpointed AMP gradients are this many times further from fp32 than "
+                 "plain AMP's")
+      ->capture_default_str();
+}
+
+RunConfig run_config(const RunOptions& o) {
+  RunConfig c = run_config(o.model);
+  c.preserve_rng_state = !o.no_preserve_rng;
+  c.restore_autocast = !o.no_restore_autocast;
+  c.check_input_versions = !o.no_check_inputs;
+  c.restore_buffers = o.restore_buffers;
+  c.recompute_fp32 = o.recompute_fp32;
+  c.lr = o.lr;
+  return c;
+}
+
+void setup_run(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<RunOptions>();
+  auto* sub = app.add_subcommand(
+      "run",
+      "Run training steps plainly and checkpointed from the same state, seed and inputs, and "
+      "check that checkpointing changes nothing: gradients, buffers, and each hazard (in-place "
+      "inputs, dropout RNG, autocast, non-deterministic or stateful ops, NaN).\n"
+      "Exit status: 0 when every check passes (warnings allowed), 1 when one fails, 2 for bad "
+      "usage or input.\n"
+      "Example: ckcheck run --model transformer --layers 4 --policy every:1 --report json=r.json");
+  add_model_args(*sub, o->model);
+  add_run_flags(*sub, *o);
+  std::vector<std::string> ids;
+  for (const auto& c : builtin_checks()) ids.push_back(c->id());
+  sub->add_option("--checks", o->checks,
+                  fmt::format("checks to run, comma-separated (default: all): {}", fmt::join(ids, ", ")))
+      ->delimiter(',');
+  sub->add_option("--report", o->reports,
+                  "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
+      ->type_name("FORMAT[=PATH]");
+  sub->add_flag("--diagnose", o->diagnose, "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports");
+  sub->add_flag("--bench", o->bench, "also measure memory and time, adding the memory and overhead checks");
+  sub->callback([o, &exit_code] { exit_code = run_run(*o); });
+}
+
+std::string run_command_line(const RunOptions& o) {
+  std::string s = "ckcheck run " + model_command_line(o.model);
+  if (o.tolerance != "bitwise") s += " --tolerance " + shell_quote(o.tolerance);
+  if (o.no_preserve_rng) s += " --no-preserve-rng";
+  if (o.no_restore_autocast) s += " --no-restore-autocast";
+  if (o.no_check_inputs) s += " --no-check-inputs";
+  if (o.restore_buffers) s += " --restore-buffers";
+  if (o.recompute_fp32) s += " --recompute-fp32";
+  if (o.lr != 0.01) s += fmt::format(" --lr {}", o.lr);
+  if (o.amp_error_factor != 2.0) s += fmt::format(" --amp-error-factor {}", o.amp_error_factor);
+  if (!o.checks.empty()) s += " --checks " + fmt::format("{}", fmt::join(o.checks, ","));
+  if (o.bench) s += " --bench";
+  return s;
+}
+
+int run_run(const RunOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto targets = report_targets(o.reports);
+  const auto tolerance = Tolerance::parse(o.tolerance);
+  if (!(o.amp_error_factor >= 1.0)) throw UsageError("--amp-error-factor must be at least 1");
+  auto checks = select_checks(split_list(o.checks));
+  auto model = build_model(o.model);
+  const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
+  const auto config = run_config(o);
+
+  RunOutcome outcome;
+  {
+    Runner runner(*model, config);
+    outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor);
+  }
+  if (!outcome.records.reference.error.empty()) {
+    throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
+                     outcome.records.reference.error);
+  }
+
+  Report report;
+  report.command = "run";
+  report.model = model_info(*model, plan);
+  report.checks = outcome.results;
+  report.tensors = outcome.diffs;
+  report.verdict = verdict_of(report.checks);
+  report.reproduce = run_command_line(o);
+  report.config = {{"policy", plan.policy.text()},
+                   {"sites", split_list(o.model.sites)},
+                   {"seed", o.model.seed},
+                   {"steps", o.model.steps},
+                   {"lr", o.lr},
+                   {"device", config.device.str()},
+                   {"amp", amp_name(config.amp)},
+                   {"tolerance", tolerance.text()},
+                   {"preserve_rng_state", config.preserve_rng_state},
+                   {"restore_autocast", config.restore_autocast},
+                   {"check_input_versions", config.check_input_versions},
+                   {"restore_buffers", config.restore_buffers},
+                   {"recompute_fp32", config.recompute_fp32},
+                   {"amp_error_factor", o.amp_error_factor},
+                   {"checks", [&] {
+                      std::vector<std::string> ids;
+                      for (const auto& c : checks) ids.push_back(c->id());
+                      return ids;
+                    }()}};
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_reports(report, targets, std::cout, use_color());
+  return report.verdict == "pass" ? 0 : 1;
+}
+
+}  // namespace ckcheck::cli

@@ -1,0 +1,401 @@
+#include "harness/torchscript_model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/runtime/custom_operator.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/script.h>
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sys/stat.h>
+
+#include "harness/errors.h"
+
+namespace ckcheck {
+namespace {
+
+using c10::IValue;
+using torch::Tensor;
+using torch::jit::Stack;
+
+const char* kSiteCall = "ckcheck::site_call";
+
+class TorchScriptModel;
+
+// The runner and model a site_call reaches: set by TorchScriptModel::forward and by every site
+// function (which may run again in the backward, as a recompute).
+thread_local SiteRunner* current_runner = nullptr;
+thread_local const TorchScriptModel* current_model = nullptr;
+
+struct RunnerScope {
+  RunnerScope(SiteRunner* r, const TorchScriptModel* m) : runner(current_runner), model(current_model) {
+    current_runner = r;
+    current_model = m;
+  }
+  ~RunnerScope() {
+    current_runner = runner;
+    current_model = model;
+  }
+  SiteRunner* runner;
+  const TorchScriptModel* model;
+};
+
+// "Traceback ... RuntimeError: what went wrong" -> "what went wrong".
+std::string one_line(const std::string& message) {
+  const std::string key = "RuntimeError: ";
+  const auto at = message.rfind(key);
+  std::string s = at == std::string::npos ? message : message.substr(at + key.size());
+  const auto nl = s.find('\n');
+  if (nl != std::string::npos) s = s.substr(0, nl);
+  return s;
+}
+
+std::string signature_problem(const c10::FunctionSchema& schema) {
+  for (size_t i = 1; i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.type()->kind() != c10::TypeKind::TensorType) {
+      return fmt::format("its forward takes {} '{}' of type {}", "argument", a.name(), a.type()->annotation_str());
+    }
+  }
+  for (const auto& r : schema.returns()) {
+    const auto& t = r.type();
+    if (t->kind() == c10::TypeKind::TensorType) continue;
+    if (auto tuple = t->cast<c10::TupleType>()) {
+      bool all = true;
+      for (const auto& e : tuple->elements()) all = all && e->kind() == c10::TypeKind::TensorType;
+      if (all) continue;
+    }
+    return fmt::format("its forward returns {}", t->annotation_str());
+  }
+  return "";
+}
+
+class TorchScriptModel : public Model {
+ public:
+  TorchScriptModel(torch::jit::Module module, std::string name, TorchScriptInputs inputs, uint64_t seed)
+      : module_(std::move(module)), name_(std::move(name)), inputs_(std::move(inputs)), seed_(seed) {
+    module_.train(true);
+    // Every module object, by identity, with its path.
+    std::vector<std::pair<std::string, torch::jit::Module>> all;
+    all.push_back({"", module_});
+    for (const auto& item : module_.named_modules()) {
+      if (!item.name.empty()) all.push_back({item.name, item.value});
+    }
+    std::set<c10::ClassType*> types;
+    for (const auto& [path, m] : all) {
+      paths_[m._ivalue().get()] = path;
+      types.insert(m.type().get());
+    }
+    std::set<c10::ClassType*> called;
+    for (auto* type : types) {
+      for (auto* fn : type->methods()) {
+        auto graph = torch::jit::toGraphFunction(*fn).graph();
+        rewrite(graph->block(), *graph, called);
+      }
+    }
+    for (const auto& [path, m] : all) {
+      if (path.empty() || !called.count(m.type().get())) continue;
+      sites_.push_back(path);
+      if (auto method = m.find_method("forward")) {
+        const auto problem = signature_problem(method->function().getSchema());
+        if (!problem.empty()) problems_[path] = problem;
+      }
+    }
+    for (const auto& s : sites_) {
+      if (s.find('.') == std::string::npos && !problems_.count(s)) default_sites_.push_back(s);
+    }
+    if (default_sites_.empty()) {
+      for (const auto& s : sites_) {
+        if (!problems_.count(s)) default_sites_.push_back(s);
+      }
+    }
+  }
+
+  std::string name() const override { return name_; }
+  std::vector<std::string> sites() const override { return sites_; }
+  std::vector<std::string> default_sites() const override { return default_sites_; }
+
+  std::string site_problem(const std::string& site) const override {
+    auto it = problems_.find(site);
+    return it == problems_.end()
+               ? ""
+               : fmt::format("{}; only submodules whose forward takes and returns tensors can be checkpointed", it->second);
+  }
+
+  std::vector<Tensor> make_inputs(uint64_t seed) override {
+    std::vector<Tensor> out;
+    if (!inputs_.file.empty()) {
+      out = load_inputs(inputs_.file);
+    } else {
+      out.push_back(random_input(seed));
+    }
+    for (auto& t : out) t = t.to(device_);
+    return out;
+  }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs, SiteRunner& runner) override {
+    RunnerScope scope(&runner, this);
+    std::vector<IValue> args(inputs.begin(), inputs.end());
+    IValue out;
+    try {
+      out = module_.forward(args);
+    } catch (const c10::Error& e) {
+      // The interpreter's message carries a TorchScript traceback; keep the part that says why.
+      throw std::runtime_error(fmt::format("{} rejects its input: {}", name_, one_line(e.what_without_backtrace())));
+    }
+    std::vector<Tensor> outs;
+    flatten(out, outs);
+    if (outs.empty()) throw std::runtime_error(fmt::format("{} returned no tensor", name_));
+    return outs;
+  }
+
+  NamedTensors named_parameters() override {
+    NamedTensors out;
+    for (const auto& p : module_.named_parameters(true)) out.emplace_back(p.name, p.value);
+    return out;
+  }
+  NamedTensors named_buffers() override {
+    NamedTensors out;
+    for (const auto& b : module_.named_buffers(true)) out.emplace_back(b.name, b.value);
+    return out;
+  }
+  void to(const torch::Device& device) override {
+    module_.to(device);
+    device_ = device;
+  }
+  torch::Device device() const override { return device_; }
+
+  std::map<std::string, std::string> options() const override {
+    std::map<std::string, std::string> o;
+    if (!inputs_.shape.empty()) o["input-shape"] = inputs_.shape;
+    o["input-dtype"] = inputs_.dtype;
+    if (!inputs_.range.empty()) o["input-range"] = inputs_.range;
+    if (!inputs_.file.empty()) o["input"] = inputs_.file;
+    return o;
+  }
+
+  std::string path_of(const c10::ivalue::Object* obj) const {
+    auto it = paths_.find(obj);
+    return it == paths_.end() ? "" : it->second;
+  }
+  bool eligible(const std::string& path) const { return !path.empty() && !problems_.count(path); }
+
+ private:
+  static void flatten(const IValue& v, std::vector<Tensor>& out) {
+    if (v.isTensor()) {
+      out.push_back(v.toTensor());
+    } else if (v.isTuple()) {
+      for (const auto& e : v.toTupleRef().elements()) flatten(e, out);
+    } else if (v.isList()) {
+      for (const auto& e : v.toListRef()) flatten(e, out);
+    } else if (v.isGenericDict()) {
+      for (const auto& kv : v.toGenericDict()) flatten(kv.value(), out);
+    }
+  }
+
+  void rewrite(torch::jit::Block* block, torch::jit::Graph& graph, std::set<c10::ClassType*>& called) {
+    static const auto site_call = c10::Symbol::fromQualString(kSiteCall);
+    for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+      torch::jit::Node* n = *it;
+      ++it;
+      for (auto* sub : n->blocks()) rewrite(sub, graph, called);
+      if (n->kind() != c10::prim::CallMethod || n->s(c10::attr::name) != "forward") continue;
+      auto type = n->input(0)->type()->cast<c10::ClassType>();
+      if (!type || !type->is_module()) continue;
+      called.insert(type.get());
+      auto* call = graph.create(site_call, n->inputs(), n->outputs().size());
+      call->insertBefore(n);
+      for (size_t i = 0; i < n->outputs().size(); ++i) {
+        call->output(i)->setType(n->output(i)->type());
+        n->output(i)->replaceAllUsesWith(call->output(i));
+      }
+      n->destroy();
+    }
+  }
+
+  std::vector<Tensor> load_inputs(const std::string& path) const {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw UsageError(fmt::format("--input {}: cannot read the file ({})", path, std::strerror(errno)));
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    IValue v;
+    try {
+      v = torch::jit::pickle_load(bytes);
+    } catch (const std::exception& e) {
+      throw UsageError(fmt::format("--input {}: not a file of tensors saved with torch.save ({})", path,
+                                   one_line(e.what())));
+    }
+    std::vector<Tensor> out;
+    flatten(v, out);
+    if (out.empty()) throw UsageError(fmt::format("--input {}: holds no tensor", path));
+    return out;
+  }
+
+  Tensor random_input(uint64_t seed) const {
+    if (inputs_.shape.empty()) {
+      throw UsageError(fmt::format("model {} is a TorchScript file: give its input with --input-shape "
+                                   "(e.g. 2,3,224,224) or --input FILE",
+                                   name_));
+    }
+    std::vector<int64_t> shape;
+    std::string cur;
+    for (char c : inputs_.shape + ",") {
+      if (c == ',' || c == 'x') {
+        size_t used = 0;
+        long long v = -1;
+        try {
+          v = std::stoll(cur, &used);
+        } catch (const std::exception&) {
+        }
+        if (cur.empty() || used != cur.size() || v < 0) {
+          throw UsageError(fmt::format("--input-shape '{}': give sizes as 2,3,224,224", inputs_.shape));
+        }
+        shape.push_back(v);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+    static const std::map<std::string, c10::ScalarType> dtypes = {
+        {"float32", torch::kFloat}, {"float", torch::kFloat},      {"float64", torch::kDouble},
+        {"float16", torch::kHalf},  {"bfloat16", torch::kBFloat16}, {"int64", torch::kLong},
+        {"long", torch::kLong},     {"int32", torch::kInt}};
+    auto dt = dtypes.find(inputs_.dtype);
+    if (dt == dtypes.end()) {
+      throw UsageError(fmt::format("--input-dtype '{}'; valid: float32, float64, float16, bfloat16, int64, int32", inputs_.dtype));
+    }
+    double lo = 0, hi = 0;
+    const bool has_range = !inputs_.range.empty();
+    if (has_range) {
+      const auto comma = inputs_.range.find(',');
+      try {
+        size_t u1 = 0, u2 = 0;
+        const auto a = inputs_.range.substr(0, comma), b = comma == std::string::npos ? "" : inputs_.range.substr(comma + 1);
+        lo = std::stod(a, &u1);
+        hi = std::stod(b, &u2);
+        if (u1 != a.size() || u2 != b.size()) throw std::invalid_argument("trailing");
+      } catch (const std::exception&) {
+        throw UsageError(fmt::format("--input-range '{}': give LO,HI, as 0,1000", inputs_.range));
+      }
+      if (!(hi > lo)) throw UsageError(fmt::format("--input-range '{}': HI must be above LO", inputs_.range));
+    }
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x5eedc0ffeeull);
+    const bool integral = !c10::isFloatingType(dt->second);
+    if (integral) {
+      if (!has_range) {
+        throw UsageError("integer inputs (token ids) need --input-range LO,HI, as 0,1000");
+      }
+      return torch::randint(static_cast<int64_t>(lo), static_cast<int64_t>(hi), shape, gen,
+                            torch::TensorOptions().dtype(dt->second));
+    }
+    auto x = has_range ? torch::rand(shape, gen) * (hi - lo) + lo : torch::randn(shape, gen);
+    return x.to(dt->second);
+  }
+
+  torch::jit::Module module_;
+  std::string name_;
+  TorchScriptInputs inputs_;
+  uint64_t seed_;
+  torch::Device device_ = torch::kCPU;
+  std::map<const c10::ivalue::Object*, std::string> paths_;
+  std::vector<std::string> sites_, default_sites_;
+  std::map<std::string, std::string> problems_;
+};
+
+IValue rebuild(const IValue& v, const std::vector<Tensor>& tensors, size_t& next) {
+  if (v.isTensor()) return tensors.at(next++);
+  if (v.isTuple()) {
+    std::vector<IValue> elems;
+    for (const auto& e : v.toTupleRef().elements()) elems.push_back(rebuild(e, tensors, next));
+    return c10::ivalue::Tuple::create(std::move(elems));
+  }
+  return v;
+}
+
+torch::jit::Operation site_call_op(const torch::jit::Node*) {
+  return [](Stack& stack) {
+    const auto n = static_cast<size_t>(torch::jit::pop(stack).toInt());
+    std::vector<IValue> args(stack.end() - static_cast<int64_t>(n), stack.end());
+    torch::jit::drop(stack, n);
+    auto self = args[0].toObject();
+    std::vector<IValue> rest(args.begin() + 1, args.end());
+    const TorchScriptModel* model = current_model;
+    SiteRunner* runner = current_runner;
+    const std::string path = model ? model->path_of(self.get()) : "";
+    auto call_plain = [&self](std::vector<IValue> a) {
+      torch::jit::Method method(self, &self->type()->getMethod("forward"));
+      return method(std::move(a));
+    };
+    if (!runner || !model->eligible(path)) {
+      torch::jit::push(stack, call_plain(std::move(rest)));
+      return;
+    }
+    std::vector<Tensor> xs;
+    for (const auto& a : rest) xs.push_back(a.toTensor());
+    auto structure = std::make_shared<IValue>();
+    SiteFn fn = [self, model, runner, structure](const std::vector<Tensor>& ts) {
+      RunnerScope scope(runner, model);
+      torch::jit::Method method(self, &self->type()->getMethod("forward"));
+      IValue out = method(std::vector<IValue>(ts.begin(), ts.end()));
+      std::vector<Tensor> outs;
+      if (out.isTensor()) {
+        outs.push_back(out.toTensor());
+      } else {
+        for (const auto& e : out.toTupleRef().elements()) outs.push_back(e.toTensor());
+      }
+      *structure = out;
+      return outs;
+    };
+    auto outs = runner->call(path, fn, xs);
+    size_t next = 0;
+    torch::jit::push(stack, rebuild(*structure, outs, next));
+  };
+}
+
+bool is_file(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+}  // namespace
+
+void register_torchscript_ops() {
+  static torch::jit::RegisterOperators reg({torch::jit::Operator(
+      c10::Symbol::fromQualString(kSiteCall), site_call_op, c10::AliasAnalysisKind::CONSERVATIVE)});
+  // ckcheck compares runs op for op: no fusion or specialisation between them.
+  torch::jit::setGraphExecutorOptimize(false);
+}
+
+std::unique_ptr<Model> load_torchscript_model(const std::string& path, const TorchScriptInputs& inputs,
+                                              uint64_t seed) {
+  register_torchscript_ops();
+  if (!is_file(path)) {
+    throw UsageError(fmt::format("--model {}: no such file, and no built-in model has that name "
+                                 "(see `ckcheck list`)",
+                                 path));
+  }
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(path);
+  } catch (const std::exception& e) {
+    throw UsageError(fmt::format("--model {}: not a readable TorchScript file (save one with "
+                                 "torch.jit.save): {}",
+                                 path, one_line(e.what())));
+  }
+  auto slash = path.find_last_of('/');
+  auto model = std::make_unique<TorchScriptModel>(std::move(module),
+                                                  slash == std::string::npos ? path : path.substr(slash + 1),
+                                                  inputs, seed);
+  if (model->sites().empty()) {
+    throw UsageError(fmt::format("--model {}: its forward calls no submodule, so there is nothing "
+                                 "to checkpoint",
+                                 path));
+  }
+  return model;
+}
+
+}  // namespace ckcheck

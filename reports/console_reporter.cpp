@@ -1,0 +1,120 @@
+// Console: a verdict line per check, the findings under it, the worst tensors, the verdict and
+// the command that reproduces the run. Colour only when asked (a terminal without NO_COLOR).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "reports/report.h"
+#include "reports/sections.h"
+
+namespace ckcheck {
+namespace {
+
+class ConsoleReporter : public Reporter {
+ public:
+  explicit ConsoleReporter(bool color) : color_(color) {}
+
+  void write(const Report& r, std::ostream& out) override {
+    out << header(r) << "\n";
+    for (const auto& c : r.checks) {
+      out << fmt::format("  {}  {:<15} {}\n", status(c.status), c.id, c.summary);
+      for (const auto& f : c.findings) {
+        out << fmt::format("        {}{}{}: {}\n", f.site.empty() ? "" : f.site + " ",
+                           f.tensor.empty() ? "" : "(" + f.tensor + ") ", cause_name(f.cause), f.message);
+        if (!f.hint.empty()) out << "        " << dim("fix: " + f.hint) << "\n";
+      }
+      if (c.details.contains("findings_not_listed")) {
+        out << fmt::format("        ... and {} more\n", c.details["findings_not_listed"].get<int>());
+      }
+    }
+    if (!r.tensors.empty()) worst_tensors(r, out);
+    for (const auto& line : console_sections(r)) out << line << "\n";
+    out << "verdict: " << verdict(r) << "\n";
+    if (!r.reproduce.empty()) out << "reproduce: " << r.reproduce << "\n";
+  }
+
+ private:
+  std::string paint(const std::string& s, const char* code) const {
+    return color_ ? fmt::format("\033[{}m{}\033[0m", code, s) : s;
+  }
+  std::string dim(const std::string& s) const { return paint(s, "2"); }
+
+  std::string status(Status s) const {
+    switch (s) {
+      case Status::kPass:
+        return paint("PASS ", "32");
+      case Status::kWarn:
+        return paint("WARN ", "33");
+      case Status::kFail:
+        return paint("FAIL ", "31;1");
+      case Status::kSkip:
+        return paint("SKIP ", "2");
+      case Status::kError:
+        return paint("ERROR", "35;1");
+    }
+    return "";
+  }
+
+  static std::string header(const Report& r) {
+    std::string h = fmt::format("ckcheck {}: model {}", r.command, r.model.name);
+    if (!r.model.policy.empty()) h += fmt::format(", policy {}", r.model.policy);
+    if (!r.model.units.empty() || r.command == "run") {
+      h += fmt::format(", checkpointed {}", r.model.units.empty() ? std::string("nothing")
+                                                                : fmt::format("{}", fmt::join(r.model.units, " ")));
+    }
+    if (r.config.contains("tolerance")) h += ", tolerance " + r.config["tolerance"].get<std::string>();
+    if (r.config.contains("amp") && r.config["amp"] != "off") h += ", amp " + r.config["amp"].get<std::string>();
+    return h;
+  }
+
+  std::string verdict(const Report& r) const {
+    size_t failed = 0, warned = 0;
+    for (const auto& c : r.checks) {
+      failed += c.status == Status::kFail;
+      warned += c.status == Status::kWarn;
+    }
+    std::string v = r.verdict == "pass" ? paint("PASS", "32;1")
+                    : r.verdict == "fail" ? paint("FAIL", "31;1")
+                                          : paint(r.verdict == "error" ? "ERROR" : r.verdict, "35;1");
+    if (!r.checks.empty()) {
+      v += fmt::format(" ({} of {} checks failed{})", failed, r.checks.size(),
+                       warned ? fmt::format(", {} warned", warned) : "");
+    }
+    return v;
+  }
+
+  void worst_tensors(const Report& r, std::ostream& out) const {
+    std::vector<const TensorDiff*> rows;
+    for (const auto& d : r.tensors) rows.push_back(&d);
+    std::stable_sort(rows.begin(), rows.end(), [](const TensorDiff* a, const TensorDiff* b) {
+      if (a->equal != b->equal) return !a->equal;
+      return a->max_rel > b->max_rel;
+    });
+    size_t differing = 0;
+    for (const auto* d : rows) differing += !d->equal;
+    if (differing == 0) {
+      out << fmt::format("tensors: all {} equal\n", rows.size());
+      return;
+    }
+    out << fmt::format("tensors: {} of {} differ; the worst:\n", differing, rows.size());
+    out << fmt::format("  {:<10} {:<34} {:>4} {:>9} {:>9} {:>9} {:>11}\n", "kind", "tensor", "step",
+                       "max abs", "max rel", "max ulp", "mismatched");
+    for (size_t i = 0; i < rows.size() && i < 8 && !rows[i]->equal; ++i) {
+      const auto& d = *rows[i];
+      const std::string mism = d.missing != "none" ? "missing:" + d.missing
+                                                   : fmt::format("{}/{}", d.mismatched, d.numel);
+      out << fmt::format("  {:<10} {:<34} {:>4} {:>9} {:>9} {:>9} {:>11}\n", d.kind, d.name,
+                         d.step, format_number(d.max_abs), format_number(d.max_rel), d.max_ulp, mism);
+    }
+  }
+
+  bool color_;
+};
+
+}  // namespace
+
+std::unique_ptr<Reporter> make_console_reporter(bool color) {
+  return std::make_unique<ConsoleReporter>(color);
+}
+
+}  // namespace ckcheck

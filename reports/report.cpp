@@ -1,0 +1,160 @@
+#include "reports/report.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "checks/common.h"
+#include "harness/errors.h"
+#include "ckcheck/version.h"
+
+
+namespace ckcheck {
+
+std::string ckcheck_version() { return CKCHECK_VERSION; }
+
+nlohmann::json report_json(const Report& r) {
+  nlohmann::json j;
+  j["tool"] = "ckcheck";
+  j["version"] = ckcheck_version();
+  j["command"] = r.command;
+  j["verdict"] = r.verdict;
+  j["model"] = {{"name", r.model.name},       {"options", r.model.options},
+                {"sites", r.model.sites},     {"candidates", r.model.candidates},
+                {"checkpointed", r.model.checkpointed}, {"units", r.model.units},
+                {"policy", r.model.policy}};
+  j["config"] = r.config;
+  j["checks"] = nlohmann::json::array();
+  for (const auto& c : r.checks) {
+    nlohmann::json cj = {{"id", c.id}, {"status", status_name(c.status)}, {"summary", c.summary}};
+    cj["findings"] = nlohmann::json::array();
+    for (const auto& f : c.findings) {
+      cj["findings"].push_back({{"cause", cause_name(f.cause)},
+                                {"site", f.site},
+                                {"tensor", f.tensor},
+                                {"message", f.message},
+                                {"hint", f.hint},
+                                {"details", f.details}});
+    }
+    cj["details"] = c.details;
+    j["checks"].push_back(cj);
+  }
+  j["tensors"] = nlohmann::json::array();
+  for (const auto& d : r.tensors) j["tensors"].push_back(diff_json(d));
+  for (const auto& [key, value] : r.sections.items()) j[key] = value;
+  j["seconds"] = r.seconds;
+  j["reproduce"] = r.reproduce;
+  return j;
+}
+
+const std::vector<std::string>& report_formats() {
+  static const std::vector<std::string> formats = {"console", "json", "junit", "markdown", "html"};
+  return formats;
+}
+
+namespace {
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+ReportTarget parse_report_target(const std::string& text) {
+  ReportTarget t;
+  const auto eq = text.find('=');
+  t.format = text.substr(0, eq);
+  if (eq != std::string::npos) t.path = text.substr(eq + 1);
+  const auto& formats = report_formats();
+  if (std::find(formats.begin(), formats.end(), t.format) == formats.end()) {
+    throw UsageError(fmt::format("unknown report format '{}' in --report {}; formats: {} (as "
+                                 "FORMAT or FORMAT=PATH)",
+                                 t.format, text, fmt::join(formats, ", ")));
+  }
+  if (eq != std::string::npos) {
+    if (t.path.empty() || t.path.back() == '/') {
+      throw UsageError(fmt::format("--report {}: give a file path after '='", text));
+    }
+    const auto dir = folder_of(t.path);
+    if (access(dir.c_str(), W_OK) != 0) {
+      throw UsageError(fmt::format("--report {}: cannot write into folder '{}' ({}); create it or "
+                                   "choose another path",
+                                   text, dir, std::strerror(errno)));
+    }
+    if (access(t.path.c_str(), F_OK) == 0 && access(t.path.c_str(), W_OK) != 0) {
+      throw UsageError(fmt::format("--report {}: '{}' exists and is not writable", text, t.path));
+    }
+  }
+  return t;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw UsageError(fmt::format("could not write report file '{}': {}", path, std::strerror(errno)));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw UsageError(fmt::format("could not write report file '{}': {}", path, std::strerror(err)));
+  }
+}
+
+void write_reports(const Report& report, const std::vector<ReportTarget>& targets,
+                   std::ostream& stdout_stream, bool color) {
+  for (const auto& t : targets) {
+    std::unique_ptr<Reporter> reporter;
+    if (t.format == "console") reporter = make_console_reporter(color && t.path.empty());
+    if (t.format == "json") reporter = make_json_reporter();
+    if (t.format == "junit") reporter = make_junit_reporter();
+    if (t.format == "markdown") reporter = make_markdown_reporter();
+    if (t.format == "html") reporter = make_html_reporter();
+    if (t.path.empty()) {
+      reporter->write(report, stdout_stream);
+      stdout_stream.flush();
+    } else {
+      std::ostringstream s;
+      reporter->write(report, s);
+      write_file_atomically(t.path, s.str());
+    }
+  }
+}
+
+std::string shell_quote(const std::string& arg) {
+  if (arg.empty()) return "''";
+  bool plain = true;
+  for (char c : arg) {
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::string("-_./:=,+@%").find(c) != std::string::npos);
+  }
+  if (plain) return arg;
+  std::string out = "'";
+  for (char c : arg) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+std::string format_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == 0) return "0";
+  return fmt::format("{:.3g}", v);
+}
+
+}  // namespace ckcheck

@@ -1,0 +1,86 @@
+// What every report format renders: the plain-data result of one ckcheck command.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "checks/check.h"
+#include "harness/compare.h"
+
+namespace ckcheck {
+
+struct ModelInfo {
+  std::string name;
+  std::map<std::string, std::string> options;
+  std::vector<std::string> sites;
+  std::vector<std::string> candidates;
+  std::vector<std::string> checkpointed;  // every site inside a checkpointed unit
+  std::vector<std::string> units;         // unit labels ("blocks.0", "blocks.0..blocks.1")
+  std::string policy;
+};
+
+struct Report {
+  std::string command = "run";  // run, diagnose, bench, validate-op
+  std::string verdict = "pass";
+  ModelInfo model;
+  nlohmann::json config = nlohmann::json::object();  // every option, defaults filled in
+  std::vector<CheckResult> checks;
+  std::vector<TensorDiff> tensors;
+  std::string reproduce;
+  /// Command-specific sections, already in their JSON form ("diagnosis", "bench", "validation").
+  nlohmann::json sections = nlohmann::json::object();
+  double seconds = 0.0;
+};
+
+/// The tool's version string.
+std::string ckcheck_version();
+
+/// The report as the JSON contract describes it (fields may be added, never renamed).
+nlohmann::json report_json(const Report& report);
+
+/// Writes a report to a stream it is given; never opens files.
+class Reporter {
+ public:
+  virtual ~Reporter() = default;
+  virtual void write(const Report& report, std::ostream& out) = 0;
+};
+
+std::unique_ptr<Reporter> make_console_reporter(bool color);
+std::unique_ptr<Reporter> make_json_reporter();
+std::unique_ptr<Reporter> make_junit_reporter();
+std::unique_ptr<Reporter> make_markdown_reporter();
+std::unique_ptr<Reporter> make_html_reporter();
+
+/// One --report argument: FORMAT (standard output) or FORMAT=PATH.
+struct ReportTarget {
+  std::string format;  // console, json, junit, markdown, html
+  std::string path;    // "" for standard output
+};
+
+/// Parses FORMAT[=PATH]; throws UsageError for an unknown format or a path that cannot be
+/// written (its folder missing or read-only), before any work is done.
+ReportTarget parse_report_target(const std::string& text);
+
+/// The formats --report accepts.
+const std::vector<std::string>& report_formats();
+
+/// Writes `report` to every target: standard output directly, files atomically (a temporary file
+/// in the same folder, then a rename). Throws UsageError naming a file that could not be written.
+void write_reports(const Report& report, const std::vector<ReportTarget>& targets,
+                   std::ostream& stdout_stream, bool color);
+
+/// Writes `text` to `path` atomically.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+/// Shell-quotes one argument when it needs it ('blocks.*' stays one word, and no glob expands).
+std::string shell_quote(const std::string& arg);
+
+/// Short numbers for tables: 0, 1.2e-07, 0.0123.
+std::string format_number(double v);
+
+}  // namespace ckcheck

@@ -56,14 +56,22 @@ class AutocastCheck : public Check {
       f.details = {{"op_index", i},
                    {"forward_op", at(c.forward_ops, i)},
                    {"forward_dtype", at(c.forward_dtypes, i)},
+                   {"forward_autocast", at(c.forward_autocast, i)},
                    {"recompute_op", at(c.recompute_ops, i)},
                    {"recompute_dtype", at(c.recompute_dtypes, i)},
+                   {"recompute_autocast", at(c.recompute_autocast, i)},
                    {"forward_ops", c.forward_ops.size()},
                    {"recompute_ops", c.recompute_ops.size()}};
-      f.message = fmt::format(
-          "op {} of the site ran as {} in {} in the forward but as {} in {} in the recompute",
-          i, at(c.forward_ops, i), at(c.forward_dtypes, i), at(c.recompute_ops, i),
-          at(c.recompute_dtypes, i));
+      auto ran = [&](const std::vector<std::string>& ops, const std::vector<std::string>& dtypes,
+                     const std::vector<std::string>& autocast, bool failed) {
+        const auto dtype = at(dtypes, i);
+        return fmt::format("{} under autocast {} {}", at(ops, i), at(autocast, i),
+                           dtype == "-" && failed ? "and threw" : "giving " + dtype);
+      };
+      f.message = fmt::format("op {} of the site ran as {} in the forward, but as {} in the recompute", i,
+                              ran(c.forward_ops, c.forward_dtypes, c.forward_autocast, false),
+                              ran(c.recompute_ops, c.recompute_dtypes, c.recompute_autocast,
+                                  c.recompute_failed && i + 1 == c.recompute_dtypes.size()));
       add_finding(r, f);
     }
     const bool mismatch = !r.findings.empty();
@@ -118,9 +126,10 @@ class AutocastCheck : public Check {
         worst_plain, worst_ckpt,
         fix && !fix->error.empty() ? "failed (" + fix->error + ")" : fmt::format("{:.3g}", worst_fix));
     if (!fp32 || !fp32->error.empty()) study = "the fp32 reference step did not run";
+    if (!ctx.records.checkpointed.error.empty()) study = "gradient errors not measured: the checkpointed step failed";
     if (mismatch) {
       r.status = Status::kFail;
-      r.summary = fmt::format("{} recompute in other dtypes than their forward; {}",
+      r.summary = fmt::format("{} recompute under another autocast state or in other dtypes than their forward; {}",
                               count_of(reported.size(), "site"), study);
     } else if (worse) {
       r.status = Status::kWarn;

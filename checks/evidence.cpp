@@ -16,10 +16,15 @@ std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
   if (c.forward_dtypes.empty() && c.recompute_dtypes.empty()) return std::nullopt;
   if (!c.recomputed) return std::nullopt;
   const size_t n = std::min(c.forward_dtypes.size(), c.recompute_dtypes.size());
+  auto at = [](const std::vector<std::string>& v, size_t i) { return i < v.size() ? v[i] : std::string(); };
   for (size_t i = 0; i < n; ++i) {
-    if (c.forward_dtypes[i] != c.recompute_dtypes[i] || c.forward_ops[i] != c.recompute_ops[i]) return i;
+    if (c.forward_ops[i] != c.recompute_ops[i]) return i;
+    if (at(c.forward_autocast, i) != at(c.recompute_autocast, i)) return i;
+    // An op that threw has no output dtype ("-"): that alone is not a dtype change.
+    const bool threw = c.recompute_failed && i + 1 == c.recompute_dtypes.size();
+    if (!threw && c.forward_dtypes[i] != c.recompute_dtypes[i]) return i;
   }
-  if (c.forward_dtypes.size() != c.recompute_dtypes.size()) return n;
+  if (c.forward_dtypes.size() != c.recompute_dtypes.size() && !c.recompute_failed) return n;
   return std::nullopt;
 }
 
@@ -50,7 +55,7 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
                                   fmt::format("input {}'s content changed before the recompute", i)};
         }
       }
-      if (found || !recompute_differs(c)) continue;
+      if (found || !(recompute_differs(c) || c.recompute_failed)) continue;
       if (probe && probe->private_generator) {
         found = SiteExplanation{site, Cause::kRng, "the site draws from its own torch::Generator, which no checkpoint restores"};
       } else if (c.rng_consumed && !ctx.config.preserve_rng_state) {

@@ -137,7 +137,11 @@ class EvidenceObserver : public CheckpointObserver {
   }
 
   void flush() {
-    for (auto& [id, e] : calls_) record_.calls.push_back(std::move(e));
+    for (auto& [id, e] : calls_) {
+      // recompute_end drops the forward's outputs; still held, the recompute did not finish.
+      e.recompute_failed = e.recomputed && outputs_.count(id) > 0;
+      record_.calls.push_back(std::move(e));
+    }
     calls_.clear();
     outputs_.clear();
     entry_prints_.clear();
@@ -400,9 +404,11 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       if (op.phase == Phase::kForward) {
         e.forward_ops.push_back(op.name);
         e.forward_dtypes.push_back(dtype);
+        e.forward_autocast.push_back(op.autocast);
       } else {
         e.recompute_ops.push_back(op.name);
         e.recompute_dtypes.push_back(dtype);
+        e.recompute_autocast.push_back(op.autocast);
       }
     }
   }
@@ -432,6 +438,10 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
 }
 
 namespace {
+
+// Calls from the restored state per probed unit: more chances to catch an op whose result
+// changes only now and then, at four extra calls per checkpointed unit.
+constexpr int kRestarts = 4;
 
 // Runs the forward plainly, but at each checkpointed unit repeats the unit on the inputs it got
 // (see UnitProbe) before letting the forward go on.
@@ -531,16 +541,26 @@ class ProbeSiteRunner : public SiteRunner {
       auto [repeat_eq, d1] = same(a, b);
       p.repeat_equal = repeat_eq;
       p.max_abs_diff = d1;
-      if (!repeat_eq) {
+      // Calls from the restored state: any difference means the unit is non-deterministic. A
+      // non-deterministic op can agree by chance, so several restarts are tried; only when all
+      // agree with the first call is a differing repeat put down to state the call changed.
+      for (int k = 0; k < kRestarts && p.restart_equal; ++k) {
         model_.restore(s0);
         r0.restore();
         auto c = once(fn, inputs, nullptr, nullptr);
         auto [restart_eq, d2] = same(a, c);
-        p.restart_equal = restart_eq;
-        if (!restart_eq) p.max_abs_diff = d2;
-        p.first_outputs = a;
-        p.other_outputs = restart_eq ? b : c;
+        if (!restart_eq) {
+          p.restart_equal = false;
+          p.max_abs_diff = d2;
+          p.first_outputs = a;
+          p.other_outputs = c;
+        }
       }
+      if (!repeat_eq && p.restart_equal) {
+        p.first_outputs = a;
+        p.other_outputs = b;
+      }
+      if (repeat_eq && !p.restart_equal) p.repeat_equal = false;
     } catch (const std::exception& e) {
       p.error = message_of(e);
     }

@@ -57,11 +57,13 @@ struct CallEvidence {
   std::vector<bool> content_changed;  // input content at the recompute differs from the entry
   bool rng_consumed = false;          // the default generators moved during the forward
   bool recomputed = false;            // backward reached the call
+  bool recompute_failed = false;      // the recompute started and threw
   bool grad_all_zero = true;          // every gradient that reached it was zero (or none did)
   std::vector<TensorDiff> output_diffs;  // recomputed outputs against the forward's (bitwise)
   // Op names and output dtypes inside the call (when traced at kDtypes or above).
   std::vector<std::string> forward_ops, recompute_ops;
   std::vector<std::string> forward_dtypes, recompute_dtypes;
+  std::vector<std::string> forward_autocast, recompute_autocast;  // the state each op ran under
 };
 
 struct StepRecord {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "harness/compare.h"
+#include "harness/global_state.h"
 
 namespace ckcheck {
 
@@ -110,6 +111,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   if (t->phase != Phase::kBackward && r.seq_nr >= 0 && !r.site.empty()) {
     t->site_of_seq.emplace(r.seq_nr, r.site);
+  }
+  if (t->level >= TraceLevel::kDtypes) {
+    const auto a = AutocastState::capture();
+    std::string tag;
+    if (a.cpu_enabled) tag += std::string("cpu:") + c10::toString(a.cpu_dtype);
+    if (a.cuda_enabled) tag += std::string(tag.empty() ? "" : ",") + "cuda:" + c10::toString(a.cuda_dtype);
+    r.autocast = tag.empty() ? "off" : tag;
   }
   r.random = is_random_op(r.name);
   for (const auto& in : fn.inputs()) {

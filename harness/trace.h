@@ -33,6 +33,7 @@ struct OpRecord {
   int64_t seq_nr = -1;
   std::vector<std::vector<int64_t>> shapes;  // of the tensor outputs
   std::vector<std::string> dtypes;
+  std::string autocast;  // autocast state the op was called under: "off", "cpu:BFloat16", ...
   std::vector<uint64_t> fingerprints;
   bool nonfinite = false;          // an output holds NaN or Inf
   bool random = false;             // draws random numbers

@@ -1,0 +1,122 @@
+// Loops over the registries, so a new check or fixture is covered the day it is added.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "checks/check.h"
+#include "fixtures/registry.h"
+#include "harness/errors.h"
+#include "harness/runner.h"
+
+namespace ckcheck {
+namespace {
+
+TEST(CheckRegistry, IdsAreUniqueAndDescribed) {
+  std::set<std::string> ids;
+  for (const auto& c : builtin_checks()) {
+    EXPECT_TRUE(ids.insert(c->id()).second) << c->id();
+    EXPECT_FALSE(c->description().empty()) << c->id();
+  }
+  for (const auto& h : hazard_check_ids()) EXPECT_TRUE(ids.count(h)) << h;
+  for (const std::string contract : {"gradients", "buffers", "input-mutation", "rng", "autocast", "determinism", "nan"}) {
+    EXPECT_TRUE(ids.count(contract)) << contract;
+  }
+}
+
+TEST(CheckRegistry, SelectFailsLoudlyOnUnknownIds) {
+  EXPECT_EQ(select_checks({"rng", "gradients"}).size(), 2u);
+  EXPECT_EQ(select_checks({"rng", "gradients"})[0]->id(), "gradients");  // report order
+  try {
+    select_checks({"rnd"});
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown check 'rnd'; checks: gradients, buffers"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Causes, VocabularyRoundTripsAndHasHints) {
+  for (auto c : all_causes()) {
+    EXPECT_EQ(parse_cause(cause_name(c)), c);
+    EXPECT_FALSE(fix_hint(c).empty());
+  }
+  EXPECT_FALSE(parse_cause("unknown").has_value());
+}
+
+class EveryModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryModel, BuildsWithDefaultsAndIsReproducible) {
+  auto a = make_model(GetParam(), {}, 11);
+  auto b = make_model(GetParam(), {}, 11);
+  auto other = make_model(GetParam(), {}, 12);
+  EXPECT_FALSE(a->sites().empty());
+  EXPECT_FALSE(a->default_sites().empty());
+  for (const auto& s : a->default_sites()) {
+    EXPECT_NE(std::find(a->sites().begin(), a->sites().end(), s), a->sites().end()) << s;
+  }
+  auto pa = a->named_parameters(), pb = b->named_parameters(), po = other->named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  bool seed_matters = false;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].first, pb[i].first);
+    EXPECT_TRUE(torch::equal(pa[i].second, pb[i].second)) << pa[i].first;
+    seed_matters = seed_matters || !torch::equal(pa[i].second, po[i].second);
+  }
+  EXPECT_TRUE(seed_matters);
+  auto xa = a->make_inputs(3), xb = b->make_inputs(3);
+  ASSERT_EQ(xa.size(), xb.size());
+  for (size_t i = 0; i < xa.size(); ++i) EXPECT_TRUE(torch::equal(xa[i], xb[i]));
+}
+
+TEST_P(EveryModel, SnapshotRestoresEveryTensor) {
+  auto m = make_model(GetParam(), {}, 0);
+  const auto before = m->snapshot();
+  {
+    torch::NoGradGuard g;
+    for (auto& [n, p] : m->named_parameters()) p.add_(1);
+    for (auto& [n, b] : m->named_buffers()) b.add_(1);
+  }
+  m->restore(before);
+  const auto after = m->snapshot();
+  ASSERT_EQ(before.tensors.size(), after.tensors.size());
+  for (size_t i = 0; i < after.tensors.size(); ++i) {
+    EXPECT_TRUE(torch::equal(before.tensors[i].second, after.tensors[i].second)) << after.tensors[i].first;
+  }
+}
+
+TEST_P(EveryModel, UnknownOptionsAreRefusedWithTheKnownOnes) {
+  try {
+    make_model(GetParam(), {{"no-such-option", "1"}}, 0);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("its options are: --"), std::string::npos) << e.what();
+  }
+}
+
+std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const auto& s : builtin_models()) names.push_back(s.name);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EveryModel, ::testing::ValuesIn(model_names()),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (auto& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+TEST(ModelRegistry, UnknownNameListsTheKnownOnes) {
+  try {
+    make_model("resnet", {}, 0);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("built-in models: mlp, transformer, convnet, faulty/"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_model("transformer", {{"hidden", "30"}, {"heads", "4"}}, 0), UsageError);
+  EXPECT_THROW(make_model("mlp", {{"layers", "0"}}, 0), UsageError);
+  EXPECT_THROW(make_model("mlp", {{"dropout", "x"}}, 0), UsageError);
+  EXPECT_THROW(make_model("faulty/stateful-counter", {{"fault-site", "3"}}, 0), UsageError);
+}
+
+}  // namespace
+}  // namespace ckcheck

@@ -1,0 +1,49 @@
+#include "tests/support/run_case.h"
+
+#include <fmt/format.h>
+
+#include "fixtures/registry.h"
+
+namespace ckcheck::testing {
+
+const CheckResult& CaseResult::check(const std::string& id) const {
+  for (const auto& r : results) {
+    if (r.id == id) return r;
+  }
+  throw std::runtime_error("no check " + id);
+}
+
+std::string CaseResult::summary() const {
+  std::string s;
+  for (const auto& r : results) {
+    s += fmt::format("{}={}", r.id, status_name(r.status));
+    if (!r.findings.empty()) {
+      s += "(";
+      for (const auto& f : r.findings) s += fmt::format("{}@{} ", cause_name(f.cause), f.site);
+      s.back() = ')';
+    }
+    s += " ";
+  }
+  return s;
+}
+
+CaseResult run_case(const ModelCase& c, const std::vector<std::string>& flags) {
+  auto model = make_model(c.model, c.options, c.seed);
+  RunConfig config;
+  config.seed = c.seed;
+  config.restore_buffers = c.restore_buffers;
+  if (c.amp) config.amp = Amp::kBf16;
+  for (const auto& f : flags) {
+    if (f == "--no-preserve-rng") config.preserve_rng_state = false;
+    else if (f == "--no-restore-autocast") config.restore_autocast = false;
+    else if (f == "--restore-buffers") config.restore_buffers = true;
+    else if (f == "--no-check-inputs") config.check_input_versions = false;
+    else throw std::runtime_error("run_case: unknown flag " + f);
+  }
+  const auto plan = Plan::make(*model, {}, Policy::parse(c.policy));
+  Runner runner(*model, config);
+  auto outcome = run_checks(runner, plan, Tolerance(), builtin_checks());
+  return {outcome.results, std::move(outcome.records), plan.units.size()};
+}
+
+}  // namespace ckcheck::testing

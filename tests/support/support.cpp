@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "ckcheck_test_paths.h"
+
 namespace ckcheck::testing {
 
 std::string tensors_differ(const torch::Tensor& a, const torch::Tensor& b) {
@@ -32,5 +34,7 @@ std::string tensors_differ(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 std::string test_binary_dir() { return CKCHECK_TEST_BINARY_DIR; }
+
+std::string test_source_dir() { return CKCHECK_TEST_SOURCE_DIR; }
 
 }  // namespace ckcheck::testing

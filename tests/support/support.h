@@ -42,4 +42,7 @@ std::string error_of(F&& body) {
 /// Where ckcheck's test data (TorchScript files, op libraries built by the tests) lives.
 std::string test_binary_dir();
 
+/// The tests' source folder (golden files).
+std::string test_source_dir();
+
 }  // namespace ckcheck::testing

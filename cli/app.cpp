@@ -1,0 +1,66 @@
+#include "cli/app.h"
+
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <iostream>
+
+#include "cli/list.h"
+#include "cli/run.h"
+#include "harness/errors.h"
+#include "reports/report.h"
+
+namespace ckcheck::cli {
+namespace {
+
+// The first line of an error, without c10's "Exception raised from" trailer.
+std::string first_line(std::string s) {
+  const auto cut = s.find("\nException raised from");
+  if (cut != std::string::npos) s = s.substr(0, cut);
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+int fail_usage(const std::string& message) {
+  std::cerr << "ckcheck: error: " << first_line(message) << "\n";
+  return 2;
+}
+
+}  // namespace
+
+int run_cli(const std::vector<std::string>& args) {
+  CLI::App app{"ckcheck: tells whether gradient checkpointing is correct and worth it for a model, "
+               "before the GPU time is spent.\nRun `ckcheck COMMAND --help` for a command's options."};
+  app.name("ckcheck");
+  app.set_version_flag("--version", "ckcheck " + ckcheck_version());
+  app.require_subcommand(1, 1);
+
+  int exit_code = 0;
+  setup_run(app, exit_code);
+  setup_list(app, exit_code);
+
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    const auto subs = app.get_subcommands();
+    const std::string hint = subs.empty() ? "ckcheck --help" : "ckcheck " + subs.front()->get_name() + " --help";
+    return fail_usage(std::string(e.what()) + " (see `" + hint + "`)");
+  } catch (const UsageError& e) {
+    return fail_usage(e.what());
+  } catch (const c10::Error& e) {
+    return fail_usage(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return fail_usage(e.what());
+  }
+  return exit_code;
+}
+
+}  // namespace ckcheck::cli

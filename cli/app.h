@@ -1,0 +1,13 @@
+// The whole command line: parse, dispatch to a subcommand, map errors to exit status 2 with one
+// line on standard error. main() and the tests call it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ckcheck::cli {
+
+/// Runs `ckcheck ARGS...` (args without the program name); returns the exit status.
+int run_cli(const std::vector<std::string>& args);
+
+}  // namespace ckcheck::cli

@@ -1,0 +1,86 @@
+// Golden outputs of every report format. Numbers that vary between machines are {{num}} in the
+// golden files (scripts/make_golden.py makes them from a report); runs of spaces compare as one.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "cli/app.h"
+#include "tests/support/support.h"
+
+namespace ckcheck {
+namespace {
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    // Spaces pad table columns to the width of their numbers: compare runs of them as one.
+    std::string squeezed;
+    for (char c : line) {
+      if (c == ' ' && !squeezed.empty() && squeezed.back() == ' ') continue;
+      squeezed += c;
+    }
+    out.push_back(squeezed);
+  }
+  return out;
+}
+
+std::regex line_regex(const std::string& golden) {
+  static const std::string specials = R"(\^$.|?*+()[]{})";
+  std::string re;
+  for (size_t i = 0; i < golden.size();) {
+    if (golden.compare(i, 7, "{{num}}") == 0) {
+      re += R"((-?[0-9][0-9.e+\-]*|-?nan|-?inf|null))";
+      i += 7;
+    } else if (golden.compare(i, 7, "{{any}}") == 0) {
+      re += ".*";
+      i += 7;
+    } else {
+      if (specials.find(golden[i]) != std::string::npos) re += '\\';
+      re += golden[i++];
+    }
+  }
+  return std::regex(re);
+}
+
+class Golden : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() {
+    const auto dir = testing::test_binary_dir();
+    ::setenv("NO_COLOR", "1", 1);
+    const std::vector<std::string> args = {
+        "run", "--model", "mlp", "--layers", "2", "--hidden", "4", "--dropout", "0.5",
+        "--no-preserve-rng", "--report", "console=" + dir + "/golden_run.txt",
+        "--report", "json=" + dir + "/golden_run.json", "--report", "junit=" + dir + "/golden_run.xml",
+        "--report", "markdown=" + dir + "/golden_run.md", "--report", "html=" + dir + "/golden_run.html"};
+    exit_code_ = cli::run_cli(args);
+  }
+  static int exit_code_;
+};
+int Golden::exit_code_ = -1;
+
+TEST_P(Golden, ReportMatchesItsGoldenFile) {
+  ASSERT_EQ(exit_code_, 1);
+  const auto actual = lines_of(testing::test_binary_dir() + "/golden_" + GetParam());
+  const auto golden = lines_of(testing::test_source_dir() + "/reports/golden/" + GetParam() + ".golden");
+  ASSERT_FALSE(golden.empty());
+  ASSERT_EQ(actual.size(), golden.size()) << "line counts differ; regenerate with scripts/make_golden.py if the change is intended";
+  for (size_t i = 0; i < golden.size(); ++i) {
+    EXPECT_TRUE(std::regex_match(actual[i], line_regex(golden[i])))
+        << GetParam() << " line " << i + 1 << "\n  actual: " << actual[i] << "\n  golden: " << golden[i];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Golden,
+                         ::testing::Values("run.txt", "run.json", "run.xml", "run.md", "run.html"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '.', '_');
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace ckcheck

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "cli/diagnose.h"
 #include "cli/list.h"
 #include "cli/run.h"
 #include "harness/errors.h"
@@ -38,6 +39,7 @@ int run_cli(const std::vector<std::string>& args) {
 
   int exit_code = 0;
   setup_run(app, exit_code);
+  setup_diagnose(app, exit_code);
   setup_list(app, exit_code);
 
   try {

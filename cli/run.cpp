@@ -5,6 +5,7 @@
 #include <chrono>
 #include <iostream>
 
+#include "checks/diagnose.h"
 #include "checks/session.h"
 #include "harness/errors.h"
 
@@ -81,6 +82,7 @@ std::string run_command_line(const RunOptions& o) {
   if (o.lr != 0.01) s += fmt::format(" --lr {}", o.lr);
   if (o.amp_error_factor != 2.0) s += fmt::format(" --amp-error-factor {}", o.amp_error_factor);
   if (!o.checks.empty()) s += " --checks " + fmt::format("{}", fmt::join(o.checks, ","));
+  if (o.diagnose) s += " --diagnose";
   if (o.bench) s += " --bench";
   return s;
 }
@@ -95,11 +97,8 @@ int run_run(const RunOptions& o) {
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   const auto config = run_config(o);
 
-  RunOutcome outcome;
-  {
-    Runner runner(*model, config);
-    outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor);
-  }
+  Runner runner(*model, config);
+  const auto outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor);
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);
@@ -131,6 +130,9 @@ int run_run(const RunOptions& o) {
                       for (const auto& c : checks) ids.push_back(c->id());
                       return ids;
                     }()}};
+  if (o.diagnose && report.verdict != "pass") {
+    report.sections["diagnosis"] = diagnosis_json(diagnose(runner, plan, tolerance, outcome));
+  }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_reports(report, targets, std::cout, use_color());
   return report.verdict == "pass" ? 0 : 1;

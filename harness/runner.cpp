@@ -310,7 +310,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   auto base = CheckpointOptions()
                   .preserve_rng_state(config_.preserve_rng_state)
                   .restore_autocast(config_.restore_autocast)
-                  .check_input_versions(config_.check_input_versions)
+                  .check_input_versions(options.check_input_versions.value_or(config_.check_input_versions))
                   .recompute_fp32(options.recompute_fp32.value_or(config_.recompute_fp32));
   if (plan && (options.evidence || tp)) base.observer(observer);
   PlanSiteRunner sites(plan, base, model_, config_.restore_buffers, tp);

@@ -124,6 +124,7 @@ struct StepOptions {
   std::string value_site;          // kFull: only ops inside this site keep copies
   std::optional<bool> recompute_fp32;  // overrides RunConfig::recompute_fp32
   std::optional<Amp> amp;              // overrides RunConfig::amp
+  std::optional<bool> check_input_versions;  // overrides RunConfig::check_input_versions
 };
 
 class Runner {

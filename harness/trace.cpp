@@ -162,7 +162,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* base) {
       if (t->level < TraceLevel::kFull) continue;
       r.fingerprints.push_back(fingerprint(x));
       if (x.is_floating_point() && x.numel() > 0) {
-        r.nonfinite = r.nonfinite || !torch::isfinite(x.detach()).all().item<bool>();
+        const auto d = x.detach();
+        if (!torch::isfinite(d).all().item<bool>()) {
+          r.nonfinite = true;
+          r.nan = r.nan || torch::isnan(d).any().item<bool>();
+        }
       }
       const int64_t bytes = x.numel() * static_cast<int64_t>(x.element_size());
       if (bytes <= t->budget && inside(r.site, t->value_site) && r.phase != Phase::kBackward) {

@@ -36,6 +36,7 @@ struct OpRecord {
   std::string autocast;  // autocast state the op was called under: "off", "cpu:BFloat16", ...
   std::vector<uint64_t> fingerprints;
   bool nonfinite = false;          // an output holds NaN or Inf
+  bool nan = false;                // an output holds NaN
   bool random = false;             // draws random numbers
   bool private_generator = false;  // was given a generator other than its device's default
   std::vector<torch::Tensor> values;  // output copies (kFull, within the budget)

@@ -144,6 +144,8 @@ struct Control {
   std::string check;
 };
 
+std::ostream& operator<<(std::ostream& os, const Control& c) { return os << c.name; }
+
 class ProtectionControl : public ::testing::TestWithParam<Control> {};
 
 TEST_P(ProtectionControl, PassesWithTheProtectionAndFailsWithout) {

@@ -21,6 +21,8 @@ struct Expectation {
   std::string site;           // a site it names
 };
 
+std::ostream& operator<<(std::ostream& os, const Expectation& e) { return os << e.name; }
+
 nlohmann::json run_json(const std::vector<std::string>& args, int& exit_code) {
   const std::string path = testing::test_binary_dir() + "/run_json_test.json";
   std::remove(path.c_str());

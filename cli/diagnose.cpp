@@ -1,0 +1,65 @@
+#include "cli/diagnose.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "checks/diagnose.h"
+#include "checks/session.h"
+#include "harness/errors.h"
+
+namespace ckcheck::cli {
+
+void setup_diagnose(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<RunOptions>();
+  auto* sub = app.add_subcommand(
+      "diagnose",
+      "Find where and why checkpointing changes a model's result or where NaN comes from: the "
+      "checkpointed sites that change the result (bisection), the first op that differs between "
+      "the forward and the recompute, the first op that produced NaN/Inf with and without "
+      "checkpointing, the cause and the fix. Takes the same options as `ckcheck run`.\n"
+      "Exit status: 0 when nothing diverges, 1 when something does, 2 for bad usage or input.\n"
+      "Example: ckcheck diagnose --model transformer --no-preserve-rng");
+  add_model_args(*sub, o->model);
+  add_run_flags(*sub, *o);
+  sub->add_option("--report", o->reports,
+                  "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
+      ->type_name("FORMAT[=PATH]");
+  sub->callback([o, &exit_code] { exit_code = run_diagnose(*o); });
+}
+
+int run_diagnose(const RunOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto targets = report_targets(o.reports);
+  const auto tolerance = Tolerance::parse(o.tolerance);
+  auto model = build_model(o.model);
+  const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
+  const auto config = run_config(o);
+  Runner runner(*model, config);
+  const auto outcome = run_checks(runner, plan, tolerance, builtin_checks(), o.amp_error_factor);
+  if (!outcome.records.reference.error.empty()) {
+    throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
+                     outcome.records.reference.error);
+  }
+  const auto d = diagnose(runner, plan, tolerance, outcome);
+
+  Report report;
+  report.command = "diagnose";
+  report.model = model_info(*model, plan);
+  report.checks = outcome.results;
+  report.tensors = outcome.diffs;
+  report.verdict = d.diverges || d.non_finite ? "fail" : "pass";
+  report.sections["diagnosis"] = diagnosis_json(d);
+  report.config = {{"policy", plan.policy.text()}, {"seed", o.model.seed}, {"steps", o.model.steps},
+                   {"device", config.device.str()}, {"amp", amp_name(config.amp)},
+                   {"tolerance", tolerance.text()}, {"preserve_rng_state", config.preserve_rng_state},
+                   {"restore_autocast", config.restore_autocast}, {"restore_buffers", config.restore_buffers}};
+  auto cmd = run_command_line(o);
+  report.reproduce = "ckcheck diagnose" + cmd.substr(std::string("ckcheck run").size());
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_reports(report, targets, std::cout, use_color());
+  return report.verdict == "pass" ? 0 : 1;
+}
+
+}  // namespace ckcheck::cli

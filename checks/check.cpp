@@ -26,6 +26,10 @@ const char* cause_name(Cause cause) {
       return "non-finite";
     case Cause::kVacuous:
       return "vacuous";
+    case Cause::kNotEffective:
+      return "not-effective";
+    case Cause::kTooFine:
+      return "too-fine";
   }
   return "";
 }
@@ -34,7 +38,7 @@ const std::vector<Cause>& all_causes() {
   static const std::vector<Cause> causes = {
       Cause::kRng,      Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
       Cause::kStateful, Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
-      Cause::kVacuous};
+      Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine};
   return causes;
 }
 
@@ -74,6 +78,12 @@ std::string fix_hint(Cause cause) {
     case Cause::kVacuous:
       return "equality proves nothing here: initialise the model so gradients reach the "
              "checkpointed sites (a zero-initialised head blocks them) or check another seed";
+    case Cause::kNotEffective:
+      return "activations are not the bottleneck, or the checkpoints are not applied: measure "
+             "with ckcheck bench; use mixed precision or optimizer-state sharding instead";
+    case Cause::kTooFine:
+      return "checkpoints too fine: checkpoint every ~4 blocks (every:4), or only the modules "
+             "with large activations (sites:*.attn)";
   }
   return "";
 }
@@ -121,12 +131,20 @@ std::vector<std::unique_ptr<Check>> builtin_checks() {
   v.push_back(make_autocast_check());
   v.push_back(make_determinism_check());
   v.push_back(make_nan_check());
+  v.push_back(make_memory_check());
+  v.push_back(make_overhead_check());
   return v;
 }
 
-std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids) {
+std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids, bool bench) {
   auto all = builtin_checks();
-  if (ids.empty()) return all;
+  if (ids.empty()) {
+    std::vector<std::unique_ptr<Check>> out;
+    for (auto& c : all) {
+      if (c->by_default() || bench) out.push_back(std::move(c));
+    }
+    return out;
+  }
   std::vector<std::string> known;
   for (const auto& c : all) known.push_back(c->id());
   for (const auto& id : ids) {

@@ -27,6 +27,8 @@ enum class Cause {
   kMissingGrad,       // missing-grad
   kNonFinite,         // non-finite
   kVacuous,           // vacuous
+  kNotEffective,      // not-effective: checkpointing does not lower peak memory
+  kTooFine,           // too-fine: checkpointing costs more time than the stated bound
 };
 
 const char* cause_name(Cause cause);
@@ -73,6 +75,8 @@ struct CheckContext {
   /// Under AMP: how much further from fp32 the checkpointed gradients may be than the plain
   /// AMP gradients before the autocast check warns.
   double amp_error_factor = 2.0;
+  /// run --bench: the most step time checkpointing may add, as a fraction of the plain step's.
+  double max_overhead = 0.5;
 };
 
 class Check {
@@ -84,13 +88,16 @@ class Check {
   virtual std::string description() const = 0;
   /// What the Runner must record for this check beyond the two steps.
   virtual Needs needs() const { return {}; }
+  /// Whether `ckcheck run` runs it without being asked (memory and overhead need --bench).
+  virtual bool by_default() const { return true; }
   virtual CheckResult run(const CheckContext& ctx) const = 0;
 };
 
 /// The built-in checks, in report order.
 std::vector<std::unique_ptr<Check>> builtin_checks();
-/// The checks with these ids (all when empty), in report order; throws UsageError on an unknown id.
-std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids);
+/// The checks with these ids (when empty: those run by default, plus memory and overhead when
+/// `bench`), in report order; throws UsageError on an unknown id.
+std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids, bool bench = false);
 
 /// Ids of the checks that look for one hazard each (as opposed to the symptom checks gradients,
 /// buffers and nan).
@@ -104,5 +111,7 @@ std::unique_ptr<Check> make_rng_check();
 std::unique_ptr<Check> make_autocast_check();
 std::unique_ptr<Check> make_determinism_check();
 std::unique_ptr<Check> make_nan_check();
+std::unique_ptr<Check> make_memory_check();
+std::unique_ptr<Check> make_overhead_check();
 
 }  // namespace ckcheck

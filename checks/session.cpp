@@ -35,14 +35,15 @@ std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepR
 }
 
 RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
-                      const std::vector<std::unique_ptr<Check>>& checks, double amp_error_factor) {
+                      const std::vector<std::unique_ptr<Check>>& checks, double amp_error_factor,
+                      double max_overhead) {
   Needs needs;
   for (const auto& c : checks) needs |= c->needs();
   RunOutcome out;
   out.records = runner.run_all(plan, needs);
   out.diffs = compare_records(out.records.reference, out.records.checkpointed, tolerance);
   CheckContext ctx{runner.model(), plan,      runner.config(), tolerance,
-                   out.records,    out.diffs, amp_error_factor};
+                   out.records,    out.diffs, amp_error_factor, max_overhead};
   for (const auto& c : checks) out.results.push_back(c->run(ctx));
   return out;
 }

@@ -22,7 +22,7 @@ std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepR
 /// Runs the steps the checks need through `runner`, then the checks.
 RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
                       const std::vector<std::unique_ptr<Check>>& checks,
-                      double amp_error_factor = 2.0);
+                      double amp_error_factor = 2.0, double max_overhead = 0.5);
 
 /// pass when no check failed or errored, fail when one failed, error when one errored and none
 /// failed.

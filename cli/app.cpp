@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iostream>
 
+#include "cli/bench.h"
 #include "cli/diagnose.h"
 #include "cli/list.h"
 #include "cli/run.h"
@@ -40,6 +41,7 @@ int run_cli(const std::vector<std::string>& args) {
   int exit_code = 0;
   setup_run(app, exit_code);
   setup_diagnose(app, exit_code);
+  setup_bench(app, exit_code);
   setup_list(app, exit_code);
 
   try {

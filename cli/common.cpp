@@ -21,7 +21,7 @@ std::map<std::string, std::string> ModelArgs::given_options() const {
   return out;
 }
 
-void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy) {
+void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps) {
   std::vector<std::string> names;
   for (const auto& s : builtin_models()) names.push_back(s.name);
   app.add_option("--model", args.model,
@@ -65,9 +65,11 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy) {
   }
   app.add_option("--seed", args.seed, "seed for parameters, inputs, dropout and upstream gradients")
       ->capture_default_str();
-  app.add_option("--steps", args.steps, "training steps, with an SGD update between them")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  if (with_steps) {
+    app.add_option("--steps", args.steps, "training steps, with an SGD update between them")
+        ->capture_default_str()
+        ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  }
   app.add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--amp", args.amp, "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)")->capture_default_str();
 

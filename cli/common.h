@@ -44,7 +44,7 @@ struct ModelArgs {
 /// Registers --model, the model options of every built-in model, --sites, --policy, --seed,
 /// --steps, --device, --amp and the TorchScript input options. `with_policy` is false for commands
 /// that take several policies.
-void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true);
+void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true, bool with_steps = true);
 
 /// Builds the model the arguments name (a built-in fixture or a TorchScript file); throws
 /// UsageError on a bad name, option or file.

@@ -37,7 +37,7 @@ int run_diagnose(const RunOptions& o) {
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   const auto config = run_config(o);
   Runner runner(*model, config);
-  const auto outcome = run_checks(runner, plan, tolerance, builtin_checks(), o.amp_error_factor);
+  const auto outcome = run_checks(runner, plan, tolerance, select_checks({}), o.amp_error_factor);
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);

@@ -67,7 +67,9 @@ void setup_run(CLI::App& app, int& exit_code) {
                   "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
       ->type_name("FORMAT[=PATH]");
   sub->add_flag("--diagnose", o->diagnose, "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports");
-  sub->add_flag("--bench", o->bench, "also measure memory and time, adding the memory and overhead checks");
+  sub->add_flag("--bench", o->bench, "also measure memory and time of the plain and checkpointed step, adding the memory and overhead checks");
+  sub->add_option("--max-overhead", o->max_overhead, "with --bench: the most step time checkpointing may add (0.5 = +50%)")
+      ->capture_default_str();
   sub->callback([o, &exit_code] { exit_code = run_run(*o); });
 }
 
@@ -84,6 +86,7 @@ std::string run_command_line(const RunOptions& o) {
   if (!o.checks.empty()) s += " --checks " + fmt::format("{}", fmt::join(o.checks, ","));
   if (o.diagnose) s += " --diagnose";
   if (o.bench) s += " --bench";
+  if (o.max_overhead != 0.5) s += fmt::format(" --max-overhead {}", o.max_overhead);
   return s;
 }
 
@@ -92,13 +95,14 @@ int run_run(const RunOptions& o) {
   const auto targets = report_targets(o.reports);
   const auto tolerance = Tolerance::parse(o.tolerance);
   if (!(o.amp_error_factor >= 1.0)) throw UsageError("--amp-error-factor must be at least 1");
-  auto checks = select_checks(split_list(o.checks));
+  if (!(o.max_overhead > 0)) throw UsageError("--max-overhead must be above 0 (0.5 means +50%)");
+  auto checks = select_checks(split_list(o.checks), o.bench);
   auto model = build_model(o.model);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   const auto config = run_config(o);
 
   Runner runner(*model, config);
-  const auto outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor);
+  const auto outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor, o.max_overhead);
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);
@@ -125,6 +129,8 @@ int run_run(const RunOptions& o) {
                    {"restore_buffers", config.restore_buffers},
                    {"recompute_fp32", config.recompute_fp32},
                    {"amp_error_factor", o.amp_error_factor},
+                   {"max_overhead", o.max_overhead},
+                   {"bench", o.bench},
                    {"checks", [&] {
                       std::vector<std::string> ids;
                       for (const auto& c : checks) ids.push_back(c->id());

@@ -24,6 +24,7 @@ struct RunOptions {
   double lr = 0.01;
   bool diagnose = false;
   bool bench = false;
+  double max_overhead = 0.5;
 };
 
 /// Adds the run subcommand; its result goes to `exit_code`.

@@ -53,6 +53,12 @@ struct ModelState {
   NamedTensors tensors;
 };
 
+/// Analytic activation memory of one site, in bytes.
+struct SiteMemory {
+  double stored = 0.0;  // what the site's forward keeps for its backward
+  double input = 0.0;   // its input: what a checkpoint keeps instead
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -93,6 +99,12 @@ class Model {
   /// A copy of all state, and putting it back. Extra state (extra_state()) is included.
   virtual ModelState snapshot();
   virtual void restore(const ModelState& state);
+
+  /// Analytic activation memory per site for activations of `element_bytes` bytes (4 in fp32, 2
+  /// under 16-bit autocast); empty when the model has no formula.
+  virtual std::map<std::string, SiteMemory> analytic_memory(int element_bytes) const { return {}; }
+  /// Where the formula comes from, for reports.
+  virtual std::string analytic_formula() const { return ""; }
 
   /// Model options as given, for reports and the reproduce command ("layers" -> "4").
   virtual std::map<std::string, std::string> options() const { return {}; }

@@ -11,6 +11,7 @@
 
 #include "harness/errors.h"
 #include "harness/global_state.h"
+#include "harness/memory.h"
 
 namespace ckcheck {
 
@@ -44,6 +45,10 @@ const TensorRecord* StepRecord::find(const std::string& name, const std::string&
 }
 
 namespace {
+
+// run --bench: steps measured after warm-up, per plan (ckcheck bench takes them as options).
+constexpr int64_t kBenchWarmup = 1;
+constexpr int64_t kBenchSteps = 5;
 
 std::string message_of(const std::exception& e) {
   if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) {
@@ -416,6 +421,102 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   return record;
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
+  Measurement m;
+  auto& meter = MemoryMeter::of(config_.device);
+  const auto autocast = autocast_for(config_.amp, config_.device);
+  const auto base = CheckpointOptions()
+                        .preserve_rng_state(config_.preserve_rng_state)
+                        .restore_autocast(config_.restore_autocast)
+                        .check_input_versions(config_.check_input_versions)
+                        .recompute_fp32(config_.recompute_fp32);
+  PlanSiteRunner sites(plan, base, model_, config_.restore_buffers, nullptr);
+  try {
+    model_.restore(start_);
+    seed_all(config_.seed);
+    const auto params = model_.named_parameters();
+    {
+      // Gradients live across steps in training: they belong to the baseline.
+      torch::NoGradGuard no_grad;
+      for (const auto& [name, p] : params) {
+        if (p.requires_grad()) p.mutable_grad() = torch::zeros_like(p);
+      }
+    }
+    std::vector<Tensor> xs;
+    for (const auto& x : model_.make_inputs(config_.seed)) {
+      auto leaf = x.detach().clone();
+      if (leaf.is_floating_point()) leaf.requires_grad_(true);
+      xs.push_back(leaf);
+    }
+    std::vector<Tensor> upstream;
+    for (int64_t i = 0; i < warmup + steps; ++i) {
+      {
+        torch::NoGradGuard no_grad;
+        for (const auto& [name, p] : params) {
+          if (p.grad().defined()) p.mutable_grad().zero_();
+        }
+        for (auto& x : xs) {
+          if (x.grad().defined()) x.mutable_grad() = Tensor();
+        }
+      }
+      if (i == 0) {
+        // Counted from the tensors rather than the meter: parameters may predate the meter.
+        for (const auto& [name, p] : params) {
+          m.baseline_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+          if (p.grad().defined()) m.baseline_bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
+        }
+        for (const auto& x : xs) m.baseline_bytes += x.numel() * static_cast<int64_t>(x.element_size());
+      }
+      meter.reset_peak();
+      const int64_t before = meter.current_bytes();
+      std::vector<Tensor> outs;
+      const double forward = time_on_device(config_.device, [&] {
+        std::optional<AutocastScope> scope;
+        if (autocast) scope.emplace(*autocast);
+        outs = model_.forward(xs, sites);
+      });
+      if (upstream.empty()) {
+        for (size_t k = 0; k < outs.size(); ++k) {
+          upstream.push_back(outs[k].is_floating_point() ? upstream_for(outs[k], config_.seed, 1, k) : Tensor());
+        }
+      }
+      std::vector<Tensor> roots, grads;
+      for (size_t k = 0; k < outs.size(); ++k) {
+        if (outs[k].requires_grad() && upstream[k].defined()) {
+          roots.push_back(outs[k]);
+          grads.push_back(upstream[k]);
+        }
+      }
+      const double backward = time_on_device(config_.device, [&] {
+        if (!roots.empty()) torch::autograd::backward(roots, grads);
+      });
+      outs.clear();
+      roots.clear();
+      if (i >= warmup) {
+        m.step_seconds.push_back(forward + backward);
+        m.forward_seconds.push_back(forward);
+        m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - before);
+      }
+    }
+  } catch (const c10::OutOfMemoryError& e) {
+    m.fits = false;
+    m.error = "out of memory: " + message_of(e);
+    release_cached_memory(config_.device);
+  } catch (const std::exception& e) {
+    m.error = message_of(e);
+  }
+  for (const auto& [name, p] : model_.named_parameters()) p.mutable_grad() = Tensor();
+  model_.restore(start_);
+  return m;
+}
+
 RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   RunRecords r;
   StepOptions plain;
@@ -434,6 +535,10 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
     r.fp32_recompute = run(&plan, rec, "checkpointed, fp32 recompute");
   }
   if (needs.probe) r.probes = probe(plan);
+  if (needs.bench) {
+    r.bench_plain = measure(nullptr, kBenchWarmup, kBenchSteps);
+    r.bench_checkpointed = measure(&plan, kBenchWarmup, kBenchSteps);
+  }
   return r;
 }
 

@@ -94,6 +94,19 @@ struct UnitProbe {
   std::string error;
 };
 
+/// Memory and time of training steps under one plan (ckcheck bench, run --bench).
+struct Measurement {
+  bool fits = true;            // false when the step ran out of device memory
+  std::string error;           // what stopped the measurement, if anything
+  int64_t baseline_bytes = 0;  // parameters, gradients and inputs, allocated before the steps
+  int64_t peak_bytes = 0;      // most bytes above the baseline during a measured step
+  std::vector<double> step_seconds;     // forward + backward, per measured step
+  std::vector<double> forward_seconds;  // the forward alone, per measured step
+};
+
+/// Median of a sample (0 when empty).
+double median(std::vector<double> values);
+
 /// Everything one `run` records; optional parts only when a check asked for them.
 struct RunRecords {
   StepRecord reference;
@@ -101,6 +114,8 @@ struct RunRecords {
   std::optional<StepRecord> fp32_reference;       // plain, autocast off (AMP study)
   std::optional<StepRecord> fp32_recompute;       // checkpointed, recompute in fp32 (AMP study)
   std::optional<std::vector<UnitProbe>> probes;   // determinism probe
+  std::optional<Measurement> bench_plain;         // run --bench: nothing checkpointed
+  std::optional<Measurement> bench_checkpointed;  // run --bench: the plan
 };
 
 /// What the checks need beyond the two steps.
@@ -108,10 +123,12 @@ struct Needs {
   bool dtype_trace = false;  // op dtypes inside checkpointed calls (autocast check)
   bool probe = false;        // determinism probe
   bool amp_study = false;    // fp32 reference and fp32-recompute runs
+  bool bench = false;        // memory and time of plain and checkpointed steps
   Needs& operator|=(const Needs& o) {
     dtype_trace |= o.dtype_trace;
     probe |= o.probe;
     amp_study |= o.amp_study;
+    bench |= o.bench;
     return *this;
   }
 };
@@ -143,6 +160,11 @@ class Runner {
 
   /// Repeats each checkpointed unit on its forward inputs (see UnitProbe), step by step.
   std::vector<UnitProbe> probe(const Plan& plan);
+
+  /// `warmup` then `steps` training steps with `plan`'s units checkpointed (plain when null),
+  /// measuring peak memory above the baseline and time; nothing is recorded, so nothing but the
+  /// step itself allocates. Out of memory on a GPU is a result (fits = false), not an error.
+  Measurement measure(const Plan* plan, int64_t warmup, int64_t steps);
 
   const RunConfig& config() const { return config_; }
   Model& model() { return model_; }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace ckcheck {
 
 std::string html_escape(const std::string& s) {
@@ -82,12 +84,142 @@ std::vector<std::string> diagnosis_lines(const nlohmann::json& d) {
   return out;
 }
 
+std::string bytes_text(const nlohmann::json& v) {
+  if (v.is_null()) return "-";
+  double b = v.get<double>();
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::abs(b) >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+std::string seconds_text(double s) {
+  if (s >= 1) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
+  return fmt::format("{:.0f} us", s * 1e6);
+}
+
+struct BenchRow {
+  std::string policy, units, peak, peak_ratio, analytic, time, time_ratio, note;
+};
+
+std::vector<BenchRow> bench_rows(const Report& r) {
+  std::vector<BenchRow> rows;
+  for (const auto& p : r.sections["policies"]) {
+    BenchRow row;
+    row.policy = p.value("policy", "");
+    row.units = std::to_string(p["checkpointed"].size());
+    row.note = p.value("note", "");
+    if (p["time_median_s"].is_null()) {
+      row.peak = row.peak_ratio = row.analytic = row.time = row.time_ratio = "-";
+    } else {
+      row.peak = bytes_text(p["peak_bytes"]);
+      row.peak_ratio = p.contains("peak_ratio") ? fmt::format("{:.2f}", p["peak_ratio"].get<double>()) : "-";
+      row.analytic = bytes_text(p["analytic_bytes"]);
+      row.time = fmt::format("{} [{}..{}]", seconds_text(p["time_median_s"].get<double>()),
+                             seconds_text(p["time_min_s"].get<double>()), seconds_text(p["time_max_s"].get<double>()));
+      row.time_ratio = p.contains("time_ratio") ? fmt::format("{:.2f}", p["time_ratio"].get<double>()) : "-";
+      if (!p.value("fits", true)) row.note = row.note.empty() ? "does not fit" : "does not fit: " + row.note;
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string bench_header(const Report& r) {
+  const auto& s = r.sections;
+  return fmt::format("device {}, baseline {} (parameters {}, gradients {}; Adam's moments would add {})",
+                     str(s, "device"), bytes_text(s["baseline_bytes"]), bytes_text(s["parameter_bytes"]),
+                     bytes_text(s["gradient_bytes"]), bytes_text(s["adam_state_bytes"]));
+}
+
+std::vector<std::string> bench_lines(const Report& r) {
+  std::vector<std::string> out;
+  out.push_back("bench: " + bench_header(r));
+  out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:>7}  {}", "policy", "ckpt", "peak", "x none",
+                            "analytic", "step time median [min..max]", "x none", ""));
+  for (const auto& row : bench_rows(r)) {
+    out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:>7}  {}", row.policy, row.units, row.peak,
+                              row.peak_ratio, row.analytic, row.time, row.time_ratio, row.note));
+  }
+  const auto& rec = r.sections["recommendation"];
+  out.push_back(fmt::format("recommendation: {} ({})", rec.is_null() ? "none" : rec.get<std::string>(),
+                            str(r.sections, "recommendation_reason")));
+  for (const auto& w : r.sections["warnings"]) out.push_back("warning: " + w.get<std::string>());
+  if (!str(r.sections, "analytic_formula").empty()) out.push_back("analytic: " + str(r.sections, "analytic_formula"));
+  return out;
+}
+
+// Memory against time per policy, as an SVG scatter chart with min..max time bars.
+std::string bench_svg(const Report& r) {
+  struct Point {
+    std::string label;
+    double t, tmin, tmax, mem;
+    bool fits;
+  };
+  std::vector<Point> pts;
+  const double base = r.sections["baseline_bytes"].is_null() ? 0 : r.sections["baseline_bytes"].get<double>();
+  for (const auto& p : r.sections["policies"]) {
+    if (p["time_median_s"].is_null()) continue;
+    pts.push_back({p.value("policy", ""), p["time_median_s"].get<double>() * 1e3, p["time_min_s"].get<double>() * 1e3,
+                   p["time_max_s"].get<double>() * 1e3, (base + p["peak_bytes"].get<double>()) / 1048576.0,
+                   p.value("fits", true)});
+  }
+  if (pts.empty()) return "";
+  double tmax = 0, mmax = 0;
+  for (const auto& p : pts) {
+    tmax = std::max(tmax, p.tmax);
+    mmax = std::max(mmax, p.mem);
+  }
+  const auto& budget = r.sections["memory_budget_bytes"];
+  if (!budget.is_null()) mmax = std::max(mmax, budget.get<double>() / 1048576.0);
+  tmax *= 1.1;
+  mmax *= 1.15;
+  const double W = 720, H = 420, L = 70, R = 20, T = 20, B = 50;
+  auto x = [&](double t) { return L + (W - L - R) * t / tmax; };
+  auto y = [&](double m) { return H - B - (H - T - B) * m / mmax; };
+  std::string svg = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H, W, H);
+  svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/>\n", L, H - B, W - R, H - B);
+  svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/>\n", L, T, L, H - B);
+  for (int i = 0; i <= 5; ++i) {
+    const double tv = tmax * i / 5, mv = mmax * i / 5;
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#444\">{:.3g}</text>\n", x(tv), H - B + 16, tv);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#444\">{:.3g}</text>\n", L - 6, y(mv) + 4, mv);
+    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/>\n", L + 1, y(mv), W - R, y(mv));
+  }
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step time, ms (median; bar: min..max)</text>\n", (L + W - R) / 2, H - 10);
+  svg += fmt::format("<text x=\"16\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1f})\">peak memory, MiB (baseline + step)</text>\n", (T + H - B) / 2, (T + H - B) / 2);
+  if (!budget.is_null()) {
+    const double by = y(budget.get<double>() / 1048576.0);
+    svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#b00020\" stroke-dasharray=\"6 4\"/>\n", L, by, W - R, by);
+    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#b00020\">memory budget</text>\n", W - R, by - 4);
+  }
+  const auto& rec = r.sections["recommendation"];
+  for (const auto& p : pts) {
+    const bool chosen = !rec.is_null() && rec.get<std::string>() == p.label;
+    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#888\"/>\n", x(p.tmin), y(p.mem), x(p.tmax), y(p.mem));
+    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}: {:.3g} ms, {:.3g} MiB</title></circle>\n",
+                       x(p.t), y(p.mem), chosen ? 7 : 5, chosen ? "#176b2c" : (p.fits ? "#1f5fa8" : "#b00020"),
+                       html_escape(p.label), p.t, p.mem);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\"{}>{}</text>\n", x(p.t) + 8, y(p.mem) - 6,
+                       chosen ? " font-weight=\"bold\"" : "", html_escape(p.label));
+  }
+  svg += "</svg>\n";
+  return svg;
+}
+
 }  // namespace
 
 std::vector<std::string> console_sections(const Report& r) {
   std::vector<std::string> out;
   if (r.sections.contains("diagnosis")) {
     for (auto& l : diagnosis_lines(r.sections["diagnosis"])) out.push_back(std::move(l));
+  }
+  if (r.sections.contains("policies")) {
+    for (auto& l : bench_lines(r)) out.push_back(std::move(l));
   }
   return out;
 }
@@ -100,6 +232,21 @@ std::vector<std::string> markdown_sections(const Report& r) {
     for (auto& l : diagnosis_lines(r.sections["diagnosis"])) out.push_back(std::move(l));
     out.push_back("```\n");
   }
+  if (r.sections.contains("policies")) {
+    out.push_back("### Memory and time per policy\n");
+    out.push_back(bench_header(r) + ".\n");
+    out.push_back("| policy | checkpointed | peak above baseline | x none | analytic | step time median [min..max] | x none | note |");
+    out.push_back("|---|---|---|---|---|---|---|---|");
+    for (const auto& row : bench_rows(r)) {
+      out.push_back(fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} |", row.policy, row.units, row.peak,
+                                row.peak_ratio, row.analytic, row.time, row.time_ratio, row.note));
+    }
+    const auto& rec = r.sections["recommendation"];
+    out.push_back(fmt::format("\n**Recommendation:** {} ({}).\n", rec.is_null() ? "none" : "`" + rec.get<std::string>() + "`",
+                              str(r.sections, "recommendation_reason")));
+    for (const auto& w : r.sections["warnings"]) out.push_back("- warning: " + w.get<std::string>());
+    if (!r.sections["warnings"].empty()) out.push_back("");
+  }
   return out;
 }
 
@@ -109,6 +256,27 @@ std::string html_sections(const Report& r) {
     out += "<h2>Diagnosis</h2>\n<pre>";
     for (const auto& l : diagnosis_lines(r.sections["diagnosis"])) out += html_escape(l) + "\n";
     out += "</pre>\n";
+  }
+  if (r.sections.contains("policies")) {
+    out += "<h2>Memory and time per policy</h2>\n<p>" + html_escape(bench_header(r)) + ".</p>\n";
+    out += bench_svg(r);
+    out += "<table><tr><th>policy</th><th>checkpointed</th><th>peak above baseline</th><th>x none</th><th>analytic</th>"
+           "<th>step time median [min..max]</th><th>x none</th><th>note</th></tr>\n";
+    for (const auto& row : bench_rows(r)) {
+      out += fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
+                         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>\n",
+                         html_escape(row.policy), row.units, row.peak, row.peak_ratio, row.analytic, row.time,
+                         row.time_ratio, html_escape(row.note));
+    }
+    out += "</table>\n";
+    const auto& rec = r.sections["recommendation"];
+    out += fmt::format("<p><b>Recommendation:</b> {} ({}).</p>\n", rec.is_null() ? "none" : "<code>" + html_escape(rec.get<std::string>()) + "</code>",
+                       html_escape(str(r.sections, "recommendation_reason")));
+    if (!r.sections["warnings"].empty()) {
+      out += "<ul>";
+      for (const auto& w : r.sections["warnings"]) out += "<li class=\"warn\">" + html_escape(w.get<std::string>()) + "</li>";
+      out += "</ul>\n";
+    }
   }
   return out;
 }

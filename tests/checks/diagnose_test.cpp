@@ -20,7 +20,7 @@ Diagnosis diagnose_case(const ModelCase& c, bool preserve_rng = true) {
   if (c.amp) config.amp = Amp::kBf16;
   const auto plan = Plan::make(*model, {}, Policy::parse(c.policy));
   Runner runner(*model, config);
-  const auto outcome = run_checks(runner, plan, Tolerance(), builtin_checks());
+  const auto outcome = run_checks(runner, plan, Tolerance(), select_checks({}));
   return diagnose(runner, plan, Tolerance(), outcome);
 }
 

@@ -42,7 +42,7 @@ CaseResult run_case(const ModelCase& c, const std::vector<std::string>& flags) {
   }
   const auto plan = Plan::make(*model, {}, Policy::parse(c.policy));
   Runner runner(*model, config);
-  auto outcome = run_checks(runner, plan, Tolerance(), builtin_checks());
+  auto outcome = run_checks(runner, plan, Tolerance(), select_checks({}));
   return {outcome.results, std::move(outcome.records), plan.units.size()};
 }
 

@@ -1,0 +1,56 @@
+// overhead (run --bench): checkpointing adds at most the stated share of the plain step's time
+// (50% by default: the field guide expects 20-40%, and more than 50% means checkpoints too fine).
+#include "checks/common.h"
+
+namespace ckcheck {
+namespace {
+
+class OverheadCheck : public Check {
+ public:
+  std::string id() const override { return "overhead"; }
+  std::string description() const override {
+    return "(with --bench) checkpointing adds at most --max-overhead (50%) to the step time";
+  }
+  bool by_default() const override { return false; }
+  Needs needs() const override {
+    Needs n;
+    n.bench = true;
+    return n;
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    const auto& plain = ctx.records.bench_plain;
+    const auto& ckpt = ctx.records.bench_checkpointed;
+    if (!plain || !ckpt || plain->step_seconds.empty() || ckpt->step_seconds.empty()) {
+      r.status = Status::kSkip;
+      r.summary = plain && !plain->error.empty() ? "measurement failed: " + plain->error
+                                                 : "not measured (run with --bench)";
+      return r;
+    }
+    const double a = median(plain->step_seconds), b = median(ckpt->step_seconds);
+    const double over = a > 0 ? b / a - 1.0 : 0.0;
+    r.details = {{"plain_median_s", a}, {"checkpointed_median_s", b}, {"overhead", over},
+                 {"bound", ctx.max_overhead}, {"forward_median_s", median(plain->forward_seconds)}};
+    if (over <= ctx.max_overhead) {
+      r.summary = fmt::format("step time {:+.0f}% with checkpointing (bound {:.0f}%)", 100 * over, 100 * ctx.max_overhead);
+      return r;
+    }
+    r.status = Status::kFail;
+    Finding f;
+    f.cause = Cause::kTooFine;
+    f.message = fmt::format("checkpointing adds {:.0f}% to the step time ({:.3g} s -> {:.3g} s), more "
+                            "than the {:.0f}% bound",
+                            100 * over, a, b, 100 * ctx.max_overhead);
+    add_finding(r, f);
+    r.summary = fmt::format("step time {:+.0f}%, over the {:.0f}% bound", 100 * over, 100 * ctx.max_overhead);
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_overhead_check() { return std::make_unique<OverheadCheck>(); }
+
+}  // namespace ckcheck

@@ -1,0 +1,101 @@
+#include "cli/bench.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "harness/bench.h"
+#include "harness/errors.h"
+
+namespace ckcheck::cli {
+
+void setup_bench(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<BenchCliOptions>();
+  auto* sub = app.add_subcommand(
+      "bench",
+      "Measure the peak memory (above parameters and gradients) and step time of checkpoint "
+      "policies, beside the analytic activation memory, and recommend one: with --memory-budget "
+      "the fastest that fits, without it the knee of the memory-time curve. Warns when a policy "
+      "costs over 50% time (checkpoints too fine) or when checkpointing saves under 10% (and says "
+      "what fills memory instead).\n"
+      "Example: ckcheck bench --model transformer --layers 8 --hidden 256 --seq 128 --policies "
+      "none,every:1,every:2,every:4 --report html=bench.html");
+  add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false);
+  sub->add_option("--policies", o->policies,
+                  "policies to measure, comma-separated (default: none, every:1, every:2, every:4, "
+                  "segments:sqrt, sites:*.attn, sites:*.ffn -- those that apply to the model)")
+      ->delimiter(',');
+  sub->add_option("--steps", o->steps, "measured steps per policy")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  sub->add_option("--warmup", o->warmup, "unmeasured steps before them")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{100000}));
+  sub->add_option("--memory-budget", o->memory_budget, "memory the step may use, as 8GiB or 512MiB: recommend the fastest policy that fits");
+  sub->add_option("--max-overhead", o->max_overhead, "warn above this much extra step time (0.5 = +50%)")->capture_default_str();
+  sub->add_option("--threads", o->threads, "intra-op threads (default: LibTorch's)");
+  sub->add_option("--report", o->reports,
+                  "FORMAT or FORMAT=PATH, repeatable: console (default), json, markdown, html (with a memory-time chart), junit")
+      ->type_name("FORMAT[=PATH]");
+  sub->callback([o, &exit_code] { exit_code = run_bench_command(*o); });
+}
+
+int run_bench_command(const BenchCliOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto targets = report_targets(o.reports);
+  if (!(o.max_overhead > 0)) throw UsageError("--max-overhead must be above 0 (0.5 means +50%)");
+  if (o.threads < 0) throw UsageError("--threads must be positive");
+  if (o.threads > 0) torch::set_num_threads(o.threads);
+  BenchOptions options;
+  options.policies = split_list(o.policies);
+  options.steps = o.steps;
+  options.warmup = o.warmup;
+  options.max_overhead = o.max_overhead;
+  if (!o.memory_budget.empty()) options.memory_budget_bytes = parse_bytes(o.memory_budget);
+  const bool bar = isatty(STDERR_FILENO) != 0;
+  options.progress = [bar](size_t i, size_t n, const std::string& policy) {
+    if (!bar) return;
+    const int width = 24;
+    const int done = n ? static_cast<int>(width * i / n) : width;
+    std::cerr << fmt::format("\r  measuring [{}{}] {}/{} {:<20}", std::string(done, '#'), std::string(width - done, '.'), i, n, policy);
+    if (i == n) std::cerr << "\r" << std::string(70, ' ') << "\r";
+    std::cerr.flush();
+  };
+
+  auto model = build_model(o.model);
+  RunConfig config = run_config(o.model);
+  Runner runner(*model, config);
+  const auto result = run_bench(runner, split_list(o.model.sites), options);
+
+  Report report;
+  report.command = "bench";
+  report.model.name = model->name();
+  report.model.options = model->options();
+  report.model.sites = model->sites();
+  report.verdict = "pass";
+  std::string first_error;
+  bool any_measured = false;
+  for (const auto& p : result.policies) {
+    any_measured = any_measured || !p.measurement.step_seconds.empty() || !p.fits;
+    if (first_error.empty() && !p.measurement.error.empty() && p.fits) first_error = p.policy + ": " + p.measurement.error;
+  }
+  if (!any_measured && !first_error.empty()) {
+    throw UsageError("the model's training step fails, so nothing could be measured: " + first_error);
+  }
+  const auto fields = bench_json(result);
+  for (const auto& [key, value] : fields.items()) report.sections[key] = value;
+  report.config = {{"policies", split_list(o.policies)}, {"steps", o.steps}, {"warmup", o.warmup},
+                   {"seed", o.model.seed}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
+                   {"memory_budget", o.memory_budget}, {"max_overhead", o.max_overhead},
+                   {"threads", torch::get_num_threads()}};
+  std::string cmd = "ckcheck bench " + model_command_line(o.model, /*with_policy=*/false);
+  if (!o.policies.empty()) cmd += " --policies " + shell_quote(fmt::format("{}", fmt::join(split_list(o.policies), ",")));
+  cmd += fmt::format(" --steps {} --warmup {}", o.steps, o.warmup);
+  if (!o.memory_budget.empty()) cmd += " --memory-budget " + shell_quote(o.memory_budget);
+  if (o.max_overhead != 0.5) cmd += fmt::format(" --max-overhead {}", o.max_overhead);
+  if (o.threads > 0) cmd += fmt::format(" --threads {}", o.threads);
+  report.reproduce = cmd;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_reports(report, targets, std::cout, use_color());
+  return 0;
+}
+
+}  // namespace ckcheck::cli

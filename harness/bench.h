@@ -1,0 +1,79 @@
+// ckcheck bench: the memory and time of each checkpoint policy, beside the analytic activation
+// memory, and the policy to use. The field guide's advice -- measure peak memory and step time,
+// tighten while memory is short, loosen while there is room, expect 20-40 % slowdown, suspect
+// anything over 50 % -- done for the user.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/plan.h"
+#include "harness/runner.h"
+
+namespace ckcheck {
+
+struct PolicyBench {
+  std::string policy;
+  std::vector<std::string> checkpointed;
+  Measurement measurement;
+  std::optional<double> analytic_bytes;  // activation memory the formula predicts
+  double time_median_s = 0, time_min_s = 0, time_max_s = 0, forward_median_s = 0;
+  bool fits = true;
+  std::string note;  // why it was not measured, or what stopped it
+  bool measured() const { return note.empty() || !measurement.step_seconds.empty(); }
+};
+
+struct BenchOptions {
+  std::vector<std::string> policies;  // policy strings; empty: the default list
+  int64_t warmup = 2;
+  int64_t steps = 10;
+  int64_t memory_budget_bytes = -1;  // total for the step (baseline + peak); -1: none
+  double max_overhead = 0.5;         // the field guide's line between acceptable and too fine
+  /// Called before each policy is measured (for a progress bar).
+  std::function<void(size_t index, size_t total, const std::string& policy)> progress;
+};
+
+struct BenchResult {
+  std::string device;
+  int64_t baseline_bytes = 0;   // parameters, gradients and inputs
+  int64_t parameter_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t adam_state_bytes = 0;  // what Adam's two fp32 moments would add
+  int64_t memory_budget_bytes = -1;
+  double max_overhead = 0.5;
+  std::string formula;
+  std::vector<PolicyBench> policies;
+  std::string recommendation;
+  std::string reason;
+  std::vector<std::string> warnings;
+};
+
+/// The policies `ckcheck bench` measures when none are given.
+const std::vector<std::string>& default_bench_policies();
+
+/// Activation memory the model's formula predicts under a plan: the sites that are not
+/// checkpointed keep their activations, each checkpointed unit keeps its input, and one unit is
+/// rebuilt at a time. Empty when the model has no formula.
+std::optional<double> analytic_activation_bytes(const Model& model, const Plan& plan, int element_bytes);
+
+/// Measures every policy through the runner. Policies given explicitly must apply to the model
+/// (UsageError otherwise); default ones that do not are listed with a note.
+BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options);
+
+/// The recommendation and warnings, from the measurements (run_bench calls it).
+void recommend(BenchResult& result);
+
+/// The bench fields of the JSON report (device, baseline_bytes, policies, recommendation,
+/// warnings, ...).
+nlohmann::json bench_json(const BenchResult& result);
+
+/// "8GiB", "512MiB", "1.5GB", "1000000" -> bytes; throws UsageError otherwise.
+int64_t parse_bytes(const std::string& text);
+/// 1536 -> "1.5 KiB".
+std::string format_bytes(double bytes);
+
+}  // namespace ckcheck

@@ -1,0 +1,164 @@
+// ckcheck bench: the analytic memory, the recommendation logic on given measurements, and the
+// measurement's deterministic parts (allocation sizes, never timings).
+#include "harness/bench.h"
+
+#include <gtest/gtest.h>
+
+#include "fixtures/registry.h"
+#include "harness/errors.h"
+
+namespace ckcheck {
+namespace {
+
+TEST(Analytic, TransformerFollowsKorthikanti) {
+  auto m = make_model("transformer", {{"layers", "4"}, {"hidden", "64"}, {"heads", "4"}, {"seq", "32"}, {"batch", "2"}}, 0);
+  const double s = 32, b = 2, h = 64, a = 4;
+  const double layer16 = s * b * h * (34 + 5 * a * s / h);  // bytes per layer, 16-bit
+  const double x32 = s * b * h * 4;
+  auto bytes = [&](const std::string& policy, int element) {
+    return *analytic_activation_bytes(*m, Plan::make(*m, {}, Policy::parse(policy)), element);
+  };
+  EXPECT_DOUBLE_EQ(bytes("none", 2), 4 * layer16);
+  EXPECT_DOUBLE_EQ(bytes("none", 4), 8 * layer16);
+  // every:1: the block inputs, plus one block rebuilt: n*x + A.
+  EXPECT_DOUBLE_EQ(bytes("every:1", 4), 4 * x32 + 2 * layer16);
+  EXPECT_DOUBLE_EQ(bytes("every:2", 4), 2 * x32 + 2 * (2 * layer16) + 2 * layer16);
+  EXPECT_LT(bytes("sites:*.attn", 4), bytes("none", 4));
+  EXPECT_GT(bytes("sites:*.attn", 4), bytes("every:1", 4));
+}
+
+TEST(Analytic, NoFormulaNoNumber) {
+  class Bare : public Model {
+   public:
+    std::string name() const override { return "bare"; }
+    std::vector<std::string> sites() const override { return {"a"}; }
+    std::vector<std::string> default_sites() const override { return {"a"}; }
+    std::vector<torch::Tensor> make_inputs(uint64_t) override { return {}; }
+    std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& x, SiteRunner&) override { return x; }
+    NamedTensors named_parameters() override { return {}; }
+    NamedTensors named_buffers() override { return {}; }
+    void to(const torch::Device&) override {}
+    torch::Device device() const override { return torch::kCPU; }
+  } bare;
+  EXPECT_FALSE(analytic_activation_bytes(bare, Plan::make(bare, {}, Policy::parse("every:1")), 4).has_value());
+}
+
+PolicyBench point(const std::string& policy, double seconds, int64_t peak, int64_t baseline = 1000) {
+  PolicyBench p;
+  p.policy = policy;
+  p.measurement.baseline_bytes = baseline;
+  p.measurement.peak_bytes = peak;
+  p.measurement.step_seconds = {seconds};
+  p.measurement.forward_seconds = {seconds / 3};
+  p.time_median_s = p.time_min_s = p.time_max_s = seconds;
+  return p;
+}
+
+BenchResult result(std::vector<PolicyBench> points, int64_t budget = -1) {
+  BenchResult r;
+  r.policies = std::move(points);
+  r.memory_budget_bytes = budget;
+  r.parameter_bytes = 400;
+  r.gradient_bytes = 400;
+  r.adam_state_bytes = 800;
+  for (auto& p : r.policies) {
+    if (budget >= 0 && p.measurement.baseline_bytes + p.measurement.peak_bytes > budget) p.fits = false;
+  }
+  return r;
+}
+
+TEST(Recommend, BudgetPicksTheFastestPolicyThatFits) {
+  auto r = result({point("none", 1.0, 10000), point("every:4", 1.1, 7000), point("every:2", 1.2, 5000),
+                   point("every:1", 1.3, 3000)},
+                  /*budget=*/7000);
+  recommend(r);
+  EXPECT_EQ(r.recommendation, "every:2");  // every:4 needs 8000 with its baseline
+  auto none_fits = result({point("none", 1.0, 10000), point("every:1", 1.3, 3000)}, /*budget=*/2000);
+  recommend(none_fits);
+  EXPECT_EQ(none_fits.recommendation, "");
+  ASSERT_FALSE(none_fits.warnings.empty());
+  EXPECT_NE(none_fits.warnings.back().find("no policy fits"), std::string::npos);
+}
+
+TEST(Recommend, WithoutBudgetTheKneeOfTheCurve) {
+  // Memory falls steeply until every:2, then barely; time rises steadily: the knee is every:2.
+  auto r = result({point("none", 1.0, 10000), point("every:4", 1.05, 4000), point("every:2", 1.10, 2000),
+                   point("every:1", 1.40, 1800)});
+  recommend(r);
+  EXPECT_EQ(r.recommendation, "every:2");
+  EXPECT_NE(r.reason.find("knee"), std::string::npos);
+}
+
+TEST(Recommend, DominatedPoliciesAreNeverChosen) {
+  auto r = result({point("none", 1.0, 10000), point("slow-and-big", 2.0, 12000), point("every:1", 1.3, 3000)});
+  recommend(r);
+  EXPECT_EQ(r.recommendation, "every:1");
+}
+
+TEST(Recommend, WarnsWhenTooFineAndWhenNotEffective) {
+  auto fine = result({point("none", 1.0, 10000), point("every:1", 1.8, 3000)});
+  recommend(fine);
+  ASSERT_FALSE(fine.warnings.empty());
+  EXPECT_NE(fine.warnings[0].find("too fine"), std::string::npos) << fine.warnings[0];
+  EXPECT_EQ(fine.recommendation, "none") << "+80% is over the bound";
+
+  // Activations are a sliver next to parameters and gradients: checkpointing cannot help.
+  auto flat = result({point("none", 1.0, 100, 100000), point("every:1", 1.2, 50, 100000)});
+  flat.parameter_bytes = 50000;
+  flat.gradient_bytes = 50000;
+  flat.adam_state_bytes = 100000;
+  recommend(flat);
+  ASSERT_FALSE(flat.warnings.empty());
+  EXPECT_NE(flat.warnings.back().find("not effective"), std::string::npos) << flat.warnings.back();
+  EXPECT_NE(flat.warnings.back().find("Adam"), std::string::npos) << flat.warnings.back();
+}
+
+TEST(Bytes, ParseAndFormat) {
+  EXPECT_EQ(parse_bytes("8GiB"), 8ll << 30);
+  EXPECT_EQ(parse_bytes("512MiB"), 512ll << 20);
+  EXPECT_EQ(parse_bytes("1.5GB"), 1500000000ll);
+  EXPECT_EQ(parse_bytes("1000"), 1000);
+  for (const std::string bad : {"", "lots", "-1GiB", "8 GiB", "8Gb"}) EXPECT_THROW(parse_bytes(bad), UsageError) << bad;
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(12), "12 B");
+}
+
+TEST(Measure, CheckpointingLowersPeakMemoryAndTheBaselineIsParametersGradientsInputs) {
+  auto m = make_model("transformer", {{"layers", "4"}, {"hidden", "64"}, {"seq", "32"}}, 0);
+  Runner runner(*m, RunConfig());
+  const auto plain = runner.measure(nullptr, 1, 2);
+  const auto plan = Plan::make(*m, {}, Policy::parse("every:1"));
+  const auto ckpt = runner.measure(&plan, 1, 2);
+  ASSERT_TRUE(plain.error.empty()) << plain.error;
+  ASSERT_TRUE(ckpt.error.empty()) << ckpt.error;
+  EXPECT_EQ(plain.step_seconds.size(), 2u);
+  EXPECT_GT(plain.peak_bytes, 0);
+  EXPECT_LT(ckpt.peak_bytes, plain.peak_bytes);
+  int64_t params = 0;
+  for (const auto& [n, p] : m->named_parameters()) params += p.numel() * 4;
+  const int64_t inputs = 2 * 32 * 8;  // token ids, int64
+  EXPECT_EQ(plain.baseline_bytes, 2 * params + inputs);
+  // Measuring leaves the model as it found it.
+  for (const auto& [n, p] : m->named_parameters()) EXPECT_FALSE(p.grad().defined()) << n;
+}
+
+TEST(Bench, DefaultPoliciesThatDoNotApplyAreNotedAndGivenOnesMustApply) {
+  auto m = make_model("mlp", {}, 0);
+  Runner runner(*m, RunConfig());
+  BenchOptions o;
+  o.steps = 1;
+  o.warmup = 0;
+  const auto r = run_bench(runner, {}, o);
+  ASSERT_EQ(r.policies.size(), default_bench_policies().size());
+  bool noted = false;
+  for (const auto& p : r.policies) {
+    if (p.policy == "sites:*.attn") noted = p.note.rfind("not applicable", 0) == 0;
+  }
+  EXPECT_TRUE(noted);
+  EXPECT_FALSE(r.recommendation.empty());
+  o.policies = {"none", "sites:*.attn"};
+  EXPECT_THROW(run_bench(runner, {}, o), UsageError);
+}
+
+}  // namespace
+}  // namespace ckcheck

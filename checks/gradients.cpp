@@ -106,7 +106,19 @@ class GradientsCheck : public Check {
     r.summary = fmt::format("{} tensors equal ({}) with {} checkpointed", compared,
                             ctx.tolerance.text(), count_of(ctx.plan.units.size(), "unit"));
 
-    // Vacuity: equal gradients say nothing about sites no gradient reached.
+    // Vacuity: equal gradients say nothing when no parameter has one ...
+    size_t params = 0, with_grad = 0;
+    for (const auto& t : ctx.records.reference.tensors) {
+      if (t.kind != "param-grad") continue;
+      ++params;
+      with_grad += t.value.defined();
+    }
+    if (params > 0 && with_grad == 0) {
+      r.status = Status::kWarn;
+      add_finding(r, {Cause::kVacuous, "", "", fmt::format("none of the {} parameters gets a gradient (do they require grad?), so there are no parameter gradients to compare", params), ""});
+      r.summary += "; but no parameter has a gradient";
+    }
+    // ... or about sites no gradient reached.
     if (ctx.plan.units.empty()) {
       r.status = Status::kWarn;
       add_finding(r, {Cause::kVacuous, "", "", "the policy checkpoints nothing, so the run compares the plain step with itself", ""});

@@ -147,6 +147,8 @@ class TorchScriptModel : public Model {
     } catch (const c10::Error& e) {
       // The interpreter's message carries a TorchScript traceback; keep the part that says why.
       throw std::runtime_error(fmt::format("{} rejects its input: {}", name_, one_line(e.what_without_backtrace())));
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(fmt::format("{} rejects its input: {}", name_, one_line(e.what())));
     }
     std::vector<Tensor> outs;
     flatten(out, outs);
@@ -316,9 +318,10 @@ IValue rebuild(const IValue& v, const std::vector<Tensor>& tensors, size_t& next
   return v;
 }
 
-torch::jit::Operation site_call_op(const torch::jit::Node*) {
-  return [](Stack& stack) {
-    const auto n = static_cast<size_t>(torch::jit::pop(stack).toInt());
+torch::jit::Operation site_call_op(const torch::jit::Node* node) {
+  // The node tells how many inputs the call has (the module and its arguments).
+  const size_t n = node->inputs().size();
+  return [n](Stack& stack) {
     std::vector<IValue> args(stack.end() - static_cast<int64_t>(n), stack.end());
     torch::jit::drop(stack, n);
     auto self = args[0].toObject();

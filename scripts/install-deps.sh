@@ -5,7 +5,10 @@ set -euo pipefail
 
 pkgs=(cmake ninja-build g++ ccache
       libtorch-dev libgtest-dev librapidcheck-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-      libbenchmark-dev)
+      libbenchmark-dev
+      # Debian's LibTorch calls whatever BLAS the alternatives system provides; without OpenBLAS
+      # that is the reference BLAS, about ten times slower on the matrix products of a training step.
+      libopenblas0-pthread)
 # Optional: the Python side of the same LibTorch, used by the torchvision test and the comparison
 # with torch.utils.checkpoint. Skipped with CKCHECK_NO_PYTHON=1.
 if [[ "${CKCHECK_NO_PYTHON:-0}" != 1 ]]; then

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# expect.sh EXIT REGEX [-f FILE REGEX]... -- COMMAND...
+# expect.sh EXIT REGEX [-f FILE REGEX]... [-s FILE]... -- COMMAND...
 # Runs COMMAND; passes when it exits with EXIT, its output (stdout and stderr) matches REGEX, and
 # each FILE exists and matches its REGEX. An exit status of 2 must come with exactly one line on
-# standard error and no C++ backtrace.
+# standard error and no C++ backtrace. With -s FILE, exits 77 (skipped) when FILE does not exist.
 set -u
 want_exit=$1; want=$2; shift 2
 files=()
 while [[ $# -gt 0 && $1 != -- ]]; do
-  [[ $1 == -f ]] || { echo "expect.sh: bad argument $1" >&2; exit 99; }
-  files+=("$2" "$3"); shift 3
+  case $1 in
+    -f) files+=("$2" "$3"); shift 3 ;;
+    -s) [[ -e $2 ]] || { echo "skipped: $2 does not exist"; exit 77; }; shift 2 ;;
+    *) echo "expect.sh: bad argument $1" >&2; exit 99 ;;
+  esac
 done
 shift  # --
 for ((i = 0; i < ${#files[@]}; i += 2)); do rm -f "${files[i]}"; done

@@ -10,6 +10,7 @@
 #include "cli/diagnose.h"
 #include "cli/list.h"
 #include "cli/run.h"
+#include "cli/validate_op.h"
 #include "harness/errors.h"
 #include "reports/report.h"
 
@@ -42,6 +43,7 @@ int run_cli(const std::vector<std::string>& args) {
   setup_run(app, exit_code);
   setup_diagnose(app, exit_code);
   setup_bench(app, exit_code);
+  setup_validate_op(app, exit_code);
   setup_list(app, exit_code);
 
   try {

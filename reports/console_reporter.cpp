@@ -56,7 +56,7 @@ class ConsoleReporter : public Reporter {
   }
 
   static std::string header(const Report& r) {
-    std::string h = fmt::format("ckcheck {}: model {}", r.command, r.model.name);
+    std::string h = fmt::format("ckcheck {}: {} {}", r.command, r.command == "validate-op" ? "op" : "model", r.model.name);
     if (!r.model.policy.empty()) h += fmt::format(", policy {}", r.model.policy);
     if (!r.model.units.empty() || r.command == "run") {
       h += fmt::format(", checkpointed {}", r.model.units.empty() ? std::string("nothing")

@@ -213,8 +213,22 @@ std::string bench_svg(const Report& r) {
 
 }  // namespace
 
+std::vector<std::string> validation_lines(const nlohmann::json& v) {
+  std::vector<std::string> out;
+  std::string causes;
+  for (const auto& c : v["causes"]) causes += (causes.empty() ? "" : ", ") + c.get<std::string>();
+  out.push_back(fmt::format("op {}: {}{} ({} cases)", str(v, "op"), str(v, "verdict") == "safe" ? "SAFE to recompute" : "UNSAFE to recompute",
+                            causes.empty() ? "" : " -- " + causes, v.value("cases", 0)));
+  out.push_back("  schema: " + str(v, "schema"));
+  for (const auto& n : v["notes"]) out.push_back("  note: " + n.get<std::string>());
+  return out;
+}
+
 std::vector<std::string> console_sections(const Report& r) {
   std::vector<std::string> out;
+  if (r.sections.contains("validation")) {
+    for (auto& l : validation_lines(r.sections["validation"])) out.push_back(std::move(l));
+  }
   if (r.sections.contains("diagnosis")) {
     for (auto& l : diagnosis_lines(r.sections["diagnosis"])) out.push_back(std::move(l));
   }
@@ -226,6 +240,11 @@ std::vector<std::string> console_sections(const Report& r) {
 
 std::vector<std::string> markdown_sections(const Report& r) {
   std::vector<std::string> out;
+  if (r.sections.contains("validation")) {
+    out.push_back("### Custom op\n");
+    for (auto& l : validation_lines(r.sections["validation"])) out.push_back("- " + l);
+    out.push_back("");
+  }
   if (r.sections.contains("diagnosis")) {
     out.push_back("### Diagnosis\n");
     out.push_back("```");
@@ -252,6 +271,11 @@ std::vector<std::string> markdown_sections(const Report& r) {
 
 std::string html_sections(const Report& r) {
   std::string out;
+  if (r.sections.contains("validation")) {
+    out += "<h2>Custom op</h2>\n<ul>";
+    for (const auto& l : validation_lines(r.sections["validation"])) out += "<li>" + html_escape(l) + "</li>";
+    out += "</ul>\n";
+  }
   if (r.sections.contains("diagnosis")) {
     out += "<h2>Diagnosis</h2>\n<pre>";
     for (const auto& l : diagnosis_lines(r.sections["diagnosis"])) out += html_escape(l) + "\n";

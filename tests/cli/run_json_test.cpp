@@ -24,7 +24,7 @@ struct Expectation {
 std::ostream& operator<<(std::ostream& os, const Expectation& e) { return os << e.name; }
 
 nlohmann::json run_json(const std::vector<std::string>& args, int& exit_code) {
-  const std::string path = testing::test_binary_dir() + "/run_json_test.json";
+  const std::string path = testing::scratch_path("json");
   std::remove(path.c_str());
   auto full = args;
   full.insert(full.begin(), "run");

@@ -2,6 +2,9 @@
 // golden files (scripts/make_golden.py makes them from a report); runs of spaces compare as one.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -49,7 +52,10 @@ std::regex line_regex(const std::string& golden) {
 class Golden : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
-    const auto dir = testing::test_binary_dir();
+    // Each CTest process writes its own files.
+    const auto dir = testing::test_binary_dir() + "/golden." + std::to_string(::getpid());
+    std::filesystem::create_directories(dir);
+    dir_ = dir;
     ::setenv("NO_COLOR", "1", 1);
     const std::vector<std::string> args = {
         "run", "--model", "mlp", "--layers", "2", "--hidden", "4", "--dropout", "0.5",
@@ -59,12 +65,14 @@ class Golden : public ::testing::TestWithParam<std::string> {
     exit_code_ = cli::run_cli(args);
   }
   static int exit_code_;
+  static std::string dir_;
 };
 int Golden::exit_code_ = -1;
+std::string Golden::dir_;
 
 TEST_P(Golden, ReportMatchesItsGoldenFile) {
   ASSERT_EQ(exit_code_, 1);
-  const auto actual = lines_of(testing::test_binary_dir() + "/golden_" + GetParam());
+  const auto actual = lines_of(dir_ + "/golden_" + GetParam());
   const auto golden = lines_of(testing::test_source_dir() + "/reports/golden/" + GetParam() + ".golden");
   ASSERT_FALSE(golden.empty());
   ASSERT_EQ(actual.size(), golden.size()) << "line counts differ; regenerate with scripts/make_golden.py if the change is intended";

@@ -1,6 +1,7 @@
 #include "tests/support/support.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "ckcheck_test_paths.h"
 
@@ -36,5 +37,14 @@ std::string tensors_differ(const torch::Tensor& a, const torch::Tensor& b) {
 std::string test_binary_dir() { return CKCHECK_TEST_BINARY_DIR; }
 
 std::string test_source_dir() { return CKCHECK_TEST_SOURCE_DIR; }
+
+std::string scratch_path(const std::string& suffix) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "suite";
+  for (auto& c : name) {
+    if (c == '/') c = '_';
+  }
+  return fmt::format("{}/{}.{}.{}", test_binary_dir(), name, ::getpid(), suffix);
+}
 
 }  // namespace ckcheck::testing

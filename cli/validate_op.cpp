@@ -1,0 +1,71 @@
+#include "cli/validate_op.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <iostream>
+#include <map>
+
+#include "checks/validate_op.h"
+#include "cli/common.h"
+#include "harness/errors.h"
+
+namespace ckcheck::cli {
+
+void setup_validate_op(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<ValidateOpOptions>();
+  auto* sub = app.add_subcommand(
+      "validate-op",
+      "Judge whether a custom op (registered with TORCH_LIBRARY) is safe to recompute under a "
+      "checkpoint: deterministic, changes no input its schema does not mark as mutable, draws "
+      "random numbers only as a restored generator replays them, behaves the same with grad mode "
+      "on and off under autocast, and gives the same gradient checkpointed as plain.\n"
+      "Exit status: 0 safe, 1 unsafe, 2 for bad usage or input.\n"
+      "Example: ckcheck validate-op --library build/libmyops.so --op myops::fused_gelu --shapes 4x16");
+  sub->add_option("--library", o->library, "the shared library that registers the op (loaded with dlopen)");
+  sub->add_option("--op", o->op, "the op, as namespace::name or namespace::name.overload")->required();
+  sub->add_option("--shapes", o->shapes, "one shape per tensor argument, as 4x16,4x16 (default: generated)");
+  sub->add_option("--dtype", o->dtype, "dtype of the tensor arguments: float32, float64, bfloat16, int64")->capture_default_str();
+  sub->add_option("--seed", o->seed, "seed of the generated cases")->capture_default_str();
+  sub->add_option("--cases", o->cases, "generated input cases")->capture_default_str();
+  sub->add_option("--report", o->reports, "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
+      ->type_name("FORMAT[=PATH]");
+  sub->callback([o, &exit_code] { exit_code = run_validate_op(*o); });
+}
+
+int run_validate_op(const ValidateOpOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto targets = report_targets(o.reports);
+  static const std::map<std::string, c10::ScalarType> dtypes = {
+      {"float32", c10::kFloat}, {"float64", c10::kDouble}, {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong}};
+  const auto dt = dtypes.find(o.dtype);
+  if (dt == dtypes.end()) throw UsageError("--dtype '" + o.dtype + "'; valid: float32, float64, bfloat16, int64");
+  OpValidationOptions options;
+  options.library = o.library;
+  options.op = o.op;
+  if (!o.shapes.empty()) options.shapes = parse_shapes(o.shapes);
+  options.dtype = dt->second;
+  options.seed = o.seed;
+  options.cases = o.cases;
+  const auto v = validate_op(options);
+
+  Report report;
+  report.command = "validate-op";
+  report.model.name = v.op;
+  report.checks = v.checks;
+  report.verdict = v.safe ? "pass" : "fail";
+  report.sections["validation"] = validation_json(v);
+  report.config = {{"library", o.library}, {"op", o.op}, {"shapes", o.shapes}, {"dtype", o.dtype},
+                   {"seed", o.seed}, {"cases", o.cases}};
+  std::string cmd = "ckcheck validate-op";
+  if (!o.library.empty()) cmd += " --library " + shell_quote(o.library);
+  cmd += " --op " + shell_quote(o.op);
+  if (!o.shapes.empty()) cmd += " --shapes " + shell_quote(o.shapes);
+  cmd += fmt::format(" --dtype {} --seed {} --cases {}", o.dtype, o.seed, o.cases);
+  report.reproduce = cmd;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_reports(report, targets, std::cout, use_color());
+  return v.safe ? 0 : 1;
+}
+
+}  // namespace ckcheck::cli

@@ -1,0 +1,26 @@
+// `ckcheck validate-op`: is a custom op safe to recompute under a checkpoint?
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+namespace ckcheck::cli {
+
+struct ValidateOpOptions {
+  std::string library;
+  std::string op;
+  std::string shapes;
+  std::string dtype = "float32";
+  uint64_t seed = 0;
+  int cases = 10;
+  std::vector<std::string> reports;
+};
+
+void setup_validate_op(CLI::App& app, int& exit_code);
+
+/// 0 when the op is safe to recompute, 1 when it is not; throws UsageError for bad input.
+int run_validate_op(const ValidateOpOptions& options);
+
+}  // namespace ckcheck::cli

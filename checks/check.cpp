@@ -30,6 +30,8 @@ const char* cause_name(Cause cause) {
       return "not-effective";
     case Cause::kTooFine:
       return "too-fine";
+    case Cause::kHookCount:
+      return "hook-count";
   }
   return "";
 }
@@ -38,7 +40,7 @@ const std::vector<Cause>& all_causes() {
   static const std::vector<Cause> causes = {
       Cause::kRng,      Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
       Cause::kStateful, Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
-      Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine};
+      Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount};
   return causes;
 }
 
@@ -84,6 +86,9 @@ std::string fix_hint(Cause cause) {
     case Cause::kTooFine:
       return "checkpoints too fine: checkpoint every ~4 blocks (every:4), or only the modules "
              "with large activations (sites:*.attn)";
+    case Cause::kHookCount:
+      return "a reentrant checkpoint runs a backward per checkpointed call: checkpoint a shared "
+             "module once per forward, or use DDP's static_graph=True or a non-reentrant checkpoint";
   }
   return "";
 }
@@ -133,6 +138,9 @@ std::vector<std::unique_ptr<Check>> builtin_checks() {
   v.push_back(make_nan_check());
   v.push_back(make_memory_check());
   v.push_back(make_overhead_check());
+  v.push_back(make_hooks_check());
+  v.push_back(make_data_parallel_check());
+  v.push_back(make_rank_rng_check());
   return v;
 }
 

@@ -29,6 +29,7 @@ enum class Cause {
   kVacuous,           // vacuous
   kNotEffective,      // not-effective: checkpointing does not lower peak memory
   kTooFine,           // too-fine: checkpointing costs more time than the stated bound
+  kHookCount,         // hook-count: a gradient hook fires other than once (DDP's ready marking)
 };
 
 const char* cause_name(Cause cause);
@@ -113,5 +114,8 @@ std::unique_ptr<Check> make_determinism_check();
 std::unique_ptr<Check> make_nan_check();
 std::unique_ptr<Check> make_memory_check();
 std::unique_ptr<Check> make_overhead_check();
+std::unique_ptr<Check> make_hooks_check();
+std::unique_ptr<Check> make_data_parallel_check();
+std::unique_ptr<Check> make_rank_rng_check();
 
 }  // namespace ckcheck

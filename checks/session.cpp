@@ -36,11 +36,12 @@ std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepR
 
 RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
                       const std::vector<std::unique_ptr<Check>>& checks, double amp_error_factor,
-                      double max_overhead) {
+                      double max_overhead, const std::function<void(RunRecords&)>& after_records) {
   Needs needs;
   for (const auto& c : checks) needs |= c->needs();
   RunOutcome out;
   out.records = runner.run_all(plan, needs);
+  if (after_records) after_records(out.records);
   out.diffs = compare_records(out.records.reference, out.records.checkpointed, tolerance);
   CheckContext ctx{runner.model(), plan,      runner.config(), tolerance,
                    out.records,    out.diffs, amp_error_factor, max_overhead};

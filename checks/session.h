@@ -1,6 +1,7 @@
 // One `ckcheck run`: record what the chosen checks need, compare, and run the checks.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -20,9 +21,12 @@ std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepR
                                         const Tolerance& tolerance);
 
 /// Runs the steps the checks need through `runner`, then the checks.
+/// `after_records` sees the records before the checks do (data-parallel runs gather what the
+/// other ranks saw there).
 RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
                       const std::vector<std::unique_ptr<Check>>& checks,
-                      double amp_error_factor = 2.0, double max_overhead = 0.5);
+                      double amp_error_factor = 2.0, double max_overhead = 0.5,
+                      const std::function<void(RunRecords&)>& after_records = nullptr);
 
 /// pass when no check failed or errored, fail when one failed, error when one errored and none
 /// failed.

@@ -8,6 +8,7 @@
 
 #include "cli/bench.h"
 #include "cli/diagnose.h"
+#include "cli/launch.h"
 #include "cli/list.h"
 #include "cli/run.h"
 #include "cli/validate_op.h"
@@ -39,6 +40,7 @@ int run_cli(const std::vector<std::string>& args) {
   app.set_version_flag("--version", "ckcheck " + ckcheck_version());
   app.require_subcommand(1, 1);
 
+  set_command_line(args);
   int exit_code = 0;
   setup_run(app, exit_code);
   setup_diagnose(app, exit_code);

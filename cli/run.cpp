@@ -1,12 +1,16 @@
 #include "cli/run.h"
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 
+#include <csignal>
 #include <chrono>
 #include <iostream>
 
 #include "checks/diagnose.h"
 #include "checks/session.h"
+#include "cli/launch.h"
+#include "harness/data_parallel.h"
 #include "harness/errors.h"
 
 namespace ckcheck::cli {
@@ -66,6 +70,15 @@ void setup_run(CLI::App& app, int& exit_code) {
   sub->add_option("--report", o->reports,
                   "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
       ->type_name("FORMAT[=PATH]");
+  sub->add_option("--world-size", o->world_size,
+                  "run data-parallel on N ranks (processes) on this machine, meeting through a c10d store on "
+                  "loopback: Gloo for CPU tensors, NCCL for CUDA ones; under torchrun (RANK, WORLD_SIZE, "
+                  "MASTER_ADDR, MASTER_PORT set) each process joins as its rank instead")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  sub->add_option("--timeout", o->timeout, "seconds a data-parallel run may wait on a rank before it stops with an error")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
   sub->add_flag("--diagnose", o->diagnose, "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports");
   sub->add_flag("--bench", o->bench, "also measure memory and time of the plain and checkpointed step, adding the memory and overhead checks");
   sub->add_option("--max-overhead", o->max_overhead, "with --bench: the most step time checkpointing may add (0.5 = +50%)")
@@ -86,6 +99,8 @@ std::string run_command_line(const RunOptions& o) {
   if (!o.checks.empty()) s += " --checks " + fmt::format("{}", fmt::join(o.checks, ","));
   if (o.diagnose) s += " --diagnose";
   if (o.bench) s += " --bench";
+  if (o.world_size > 1) s += fmt::format(" --world-size {}", o.world_size);
+  if (o.timeout != 300) s += fmt::format(" --timeout {}", o.timeout);
   if (o.max_overhead != 0.5) s += fmt::format(" --max-overhead {}", o.max_overhead);
   return s;
 }
@@ -99,10 +114,70 @@ int run_run(const RunOptions& o) {
   auto checks = select_checks(split_list(o.checks), o.bench);
   auto model = build_model(o.model);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
-  const auto config = run_config(o);
+  auto config = run_config(o);
+
+  // Data-parallel: start the ranks here, or be one of them.
+  const auto env = rank_environment();
+  if (!env && o.world_size > 1) {
+    if (o.diagnose || o.bench) throw UsageError("--diagnose and --bench run in one process; drop --world-size for them");
+    const auto inputs = model->make_inputs(o.model.seed);
+    if (!inputs.empty() && inputs[0].dim() > 0 && inputs[0].size(0) % o.world_size != 0) {
+      throw UsageError(fmt::format("the batch ({} rows) does not split evenly over --world-size {}; choose a "
+                                   "batch that is a multiple of it",
+                                   inputs[0].size(0), o.world_size));
+    }
+    if (config.device.is_cuda() && o.world_size > static_cast<int>(torch::cuda::device_count())) {
+      throw UsageError(fmt::format("NCCL needs a GPU per rank: this machine has {} for --world-size {}",
+                                   torch::cuda::device_count(), o.world_size));
+    }
+    return launch_ranks(o.world_size, o.timeout);
+  }
+  std::unique_ptr<Collective> collective;
+  std::unique_ptr<DataParallel> dp;
+  if (env && env->world_size > 1) {
+    // A peer that dies closes its sockets: let writes to them fail as errors, not kill this rank.
+    signal(SIGPIPE, SIG_IGN);
+    if (config.device.is_cuda()) config.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
+    collective = join_process_group(env->rank, env->world_size, env->master_addr, env->master_port, config.device, o.timeout);
+    dp = std::make_unique<DataParallel>(*collective);
+    config.data_parallel = dp.get();
+  }
+  // What every rank saw, gathered on rank 0 through the store before the checks run.
+  auto gather = [&](RunRecords& records) {
+    if (!collective) return;
+    RunRecords::Rank mine;
+    mine.rank = collective->rank();
+    mine.rng_start = records.checkpointed.rng_start;
+    mine.error = records.checkpointed.error;
+    for (const auto& c : records.checkpointed.calls) {
+      mine.draws = mine.draws || c.rng_consumed;
+      bool differs = false;
+      for (const auto& d : c.output_diffs) differs = differs || !d.equal;
+      if (c.rng_consumed && differs) mine.replayed = false;
+    }
+    auto to_json = [](const RunRecords::Rank& k) {
+      return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},
+                            {"replayed", k.replayed}, {"error", k.error}}.dump();
+    };
+    if (mine.rank != 0) {
+      collective->set(fmt::format("ckcheck/rank/{}", mine.rank), to_json(mine));
+      return;
+    }
+    records.ranks.push_back(mine);
+    for (int r = 1; r < collective->world_size(); ++r) {
+      const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}", r)));
+      records.ranks.push_back({j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
+                               j.at("replayed").get<bool>(), j.at("error").get<std::string>()});
+    }
+  };
 
   Runner runner(*model, config);
-  const auto outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor, o.max_overhead);
+  const auto outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor, o.max_overhead, gather);
+  if (collective && collective->rank() != 0) {
+    // Only rank 0 reports; the others are done once they have said what they saw.
+    if (!outcome.records.reference.error.empty()) throw UsageError("the model fails without checkpointing: " + outcome.records.reference.error);
+    return 0;
+  }
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);
@@ -131,6 +206,8 @@ int run_run(const RunOptions& o) {
                    {"amp_error_factor", o.amp_error_factor},
                    {"max_overhead", o.max_overhead},
                    {"bench", o.bench},
+                   {"world_size", collective ? collective->world_size() : 1},
+                   {"backend", collective ? collective->backend() : "none"},
                    {"checks", [&] {
                       std::vector<std::string> ids;
                       for (const auto& c : checks) ids.push_back(c->id());

@@ -25,6 +25,8 @@ struct RunOptions {
   bool diagnose = false;
   bool bench = false;
   double max_overhead = 0.5;
+  int world_size = 1;
+  int timeout = 300;
 };
 
 /// Adds the run subcommand; its result goes to `exit_code`.

@@ -320,12 +320,19 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   if (plan && (options.evidence || tp)) base.observer(observer);
   PlanSiteRunner sites(plan, base, model_, config_.restore_buffers, tp);
 
+  DataParallel* dp = options.data_parallel ? config_.data_parallel : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   try {
     std::optional<at::DisableRecordFunctionGuard> setup(std::in_place);
     model_.restore(start_);
-    seed_all(config_.seed);
-    const auto inputs = model_.make_inputs(config_.seed);
+    // Each rank draws its own random stream (its own dropout masks), as data-parallel training
+    // seeded per rank does; parameters and the global batch come from the shared seed.
+    seed_all(config_.seed + (dp ? 1000003ull * static_cast<uint64_t>(dp->rank()) : 0));
+    record.rng_start = fingerprint(RngState::capture().cpu);
+    auto inputs = model_.make_inputs(config_.seed);
+    if (dp) {
+      for (auto& x : inputs) x = dp->shard(x);
+    }
     const auto params = model_.named_parameters();
     setup.reset();
     for (int64_t step = 1; step <= config_.steps; ++step) {
@@ -351,7 +358,15 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       Tensor loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
       for (size_t i = 0; i < outs.size(); ++i) {
         if (!outs[i].defined() || !outs[i].is_floating_point()) continue;
-        auto g = upstream_for(outs[i], config_.seed, step, i);
+        Tensor g;
+        if (dp && outs[i].dim() > 0) {
+          // This rank's rows of the upstream gradient of the whole batch.
+          auto global = outs[i].sizes().vec();
+          global[0] *= dp->world_size();
+          g = dp->shard(upstream_for(torch::empty(global, outs[i].options()), config_.seed, step, i));
+        } else {
+          g = upstream_for(outs[i], config_.seed, step, i);
+        }
         loss = loss + (outs[i].detach().to(torch::kDouble) * g.to(torch::kDouble)).sum().cpu();
         if (outs[i].requires_grad()) {
           roots.push_back(outs[i]);
@@ -364,9 +379,34 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
                                   outs[i].defined() ? outs[i].detach().clone() : Tensor()});
       }
       if (tp) tp->set_phase(Phase::kBackward);
+      // Gradient hooks, as data-parallel training registers them: count the firings, and let
+      // the reducer see each gradient as it is ready.
+      std::vector<std::pair<size_t, unsigned>> hooks;
+      std::vector<int64_t> fires(params.size(), 0);
+      if (options.count_hooks || dp) {
+        if (dp) dp->begin_step(params);
+        for (size_t k = 0; k < params.size(); ++k) {
+          if (!params[k].second.requires_grad()) continue;
+          hooks.emplace_back(k, params[k].second.register_hook([k, dp, &fires](const Tensor& g) {
+            ++fires[k];
+            if (dp) dp->on_ready(k, g);
+          }));
+        }
+      }
       quiet.reset();
-      if (!roots.empty()) torch::autograd::backward(roots, grads);
+      std::exception_ptr backward_error;
+      try {
+        if (!roots.empty()) torch::autograd::backward(roots, grads);
+      } catch (...) {
+        backward_error = std::current_exception();
+      }
       quiet.emplace();
+      for (const auto& [k, h] : hooks) params[k].second.remove_hook(h);
+      if (backward_error) std::rethrow_exception(backward_error);
+      if (dp) dp->end_step(params);
+      for (size_t k = 0; k < params.size() && !hooks.empty(); ++k) {
+        if (params[k].second.requires_grad()) record.hooks.push_back({params[k].first, step, fires[k]});
+      }
       observer->flush();
       for (const auto& [name, p] : params) {
         record.tensors.push_back({name, "param-grad", step,
@@ -521,8 +561,10 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   RunRecords r;
   StepOptions plain;
   plain.evidence = false;
+  plain.count_hooks = needs.hooks;
   r.reference = run(nullptr, plain, "reference");
   StepOptions ckpt;
+  ckpt.count_hooks = needs.hooks;
   if (needs.dtype_trace && config_.amp != Amp::kOff) ckpt.trace = TraceLevel::kDtypes;
   r.checkpointed = run(&plan, ckpt, "checkpointed");
   if (needs.amp_study && config_.amp != Amp::kOff) {
@@ -533,6 +575,12 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
     rec.evidence = false;
     rec.recompute_fp32 = true;
     r.fp32_recompute = run(&plan, rec, "checkpointed, fp32 recompute");
+  }
+  if (needs.single_process && config_.data_parallel) {
+    StepOptions alone = plain;
+    alone.data_parallel = false;
+    alone.count_hooks = false;
+    r.single_process = run(nullptr, alone, "single process, whole batch");
   }
   if (needs.probe) r.probes = probe(plan);
   if (needs.bench) {

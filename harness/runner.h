@@ -13,6 +13,7 @@
 
 #include "harness/checkpoint.h"
 #include "harness/compare.h"
+#include "harness/data_parallel.h"
 #include "harness/model.h"
 #include "harness/plan.h"
 #include "harness/trace.h"
@@ -38,6 +39,9 @@ struct RunConfig {
   bool check_input_versions = true;
   bool recompute_fp32 = false;
   bool restore_buffers = false;  // restore each checkpointed site's buffers after its recompute
+  /// Data-parallel training: each rank runs its shard of the global batch with its own RNG
+  /// stream, and gradients are averaged over the ranks in buckets filled by hooks. Not owned.
+  DataParallel* data_parallel = nullptr;
 };
 
 /// One recorded tensor of a step.
@@ -66,11 +70,20 @@ struct CallEvidence {
   std::vector<std::string> forward_autocast, recompute_autocast;  // the state each op ran under
 };
 
+/// How often a parameter's gradient hook fired in one backward (DDP marks it ready each time).
+struct HookCount {
+  std::string name;
+  int64_t step = 1;
+  int64_t fires = 0;
+};
+
 struct StepRecord {
   std::string label;  // reference, checkpointed, ...
   std::vector<TensorRecord> tensors;
   std::vector<CallEvidence> calls;
   std::vector<OpRecord> ops;  // when traced
+  std::vector<HookCount> hooks;  // when counted
+  uint64_t rng_start = 0;     // fingerprint of the CPU generator's state as the step began
   std::string error;          // what the step threw, if it threw
   double seconds = 0.0;
 
@@ -116,6 +129,16 @@ struct RunRecords {
   std::optional<std::vector<UnitProbe>> probes;   // determinism probe
   std::optional<Measurement> bench_plain;         // run --bench: nothing checkpointed
   std::optional<Measurement> bench_checkpointed;  // run --bench: the plan
+  std::optional<StepRecord> single_process;       // data-parallel: the whole batch in one process
+  /// Data-parallel: what each rank saw (gathered on rank 0 before the checks run).
+  struct Rank {
+    int rank = 0;
+    uint64_t rng_start = 0;
+    bool draws = false;     // a checkpointed site consumed random numbers
+    bool replayed = true;   // every such site's recompute reproduced its forward
+    std::string error;
+  };
+  std::vector<Rank> ranks;
 };
 
 /// What the checks need beyond the two steps.
@@ -124,11 +147,15 @@ struct Needs {
   bool probe = false;        // determinism probe
   bool amp_study = false;    // fp32 reference and fp32-recompute runs
   bool bench = false;        // memory and time of plain and checkpointed steps
+  bool hooks = false;        // gradient hook counts of both steps
+  bool single_process = false;  // data-parallel: a plain step on the whole batch, alone
   Needs& operator|=(const Needs& o) {
     dtype_trace |= o.dtype_trace;
     probe |= o.probe;
     amp_study |= o.amp_study;
     bench |= o.bench;
+    hooks |= o.hooks;
+    single_process |= o.single_process;
     return *this;
   }
 };
@@ -142,6 +169,8 @@ struct StepOptions {
   std::optional<bool> recompute_fp32;  // overrides RunConfig::recompute_fp32
   std::optional<Amp> amp;              // overrides RunConfig::amp
   std::optional<bool> check_input_versions;  // overrides RunConfig::check_input_versions
+  bool count_hooks = false;  // count each parameter's gradient hook firings
+  bool data_parallel = true;  // use RunConfig::data_parallel when there is one
 };
 
 class Runner {

@@ -6,6 +6,8 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ ccache
       libtorch-dev libgtest-dev librapidcheck-dev libfmt-dev libcli11-dev nlohmann-json3-dev
       libbenchmark-dev
+      # headers of the Gloo library behind c10d's ProcessGroupGloo (data-parallel runs)
+      libgloo-dev
       # Debian's LibTorch calls whatever BLAS the alternatives system provides; without OpenBLAS
       # that is the reference BLAS, about ten times slower on the matrix products of a training step.
       libopenblas0-pthread)

@@ -212,6 +212,24 @@ TEST(Hazards, NonDeterministicWithinToleranceIsAWarning) {
   }
 }
 
+TEST(Hazards, SharedModuleCheckpointedTwiceFiresItsHooksTwice) {
+  auto r = run_case({"faulty/double-hook", {}, "every:1", 0});
+  const auto& h = r.check("hooks");
+  ASSERT_EQ(h.status, Status::kFail) << r.summary();
+  EXPECT_EQ(h.findings.at(0).cause, Cause::kHookCount);
+  EXPECT_EQ(h.findings.at(0).tensor, "blocks.1.fc1.weight");
+  EXPECT_EQ(h.findings.at(0).details.at("fires"), 2);
+  EXPECT_EQ(r.check("gradients").status, Status::kPass) << "the gradients themselves are right";
+  // The control: checkpointing the whole block once (--sites 'blocks.?') fires each hook once.
+  auto model = make_model("faulty/double-hook", {}, 0);
+  Runner runner(*model, RunConfig());
+  const auto plan = Plan::make(*model, {"blocks.?"}, Policy::parse("every:1"));
+  EXPECT_EQ(plan.checkpointed(), (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2"}));
+  for (const auto& result : run_checks(runner, plan, Tolerance(), select_checks({"hooks"})).results) {
+    EXPECT_EQ(result.status, Status::kPass) << result;
+  }
+}
+
 TEST(Hazards, ZeroGradientsMakeEqualityVacuous) {
   auto r = run_case({"mlp", {{"zero-head", "true"}}, "every:1", 0});
   const auto& g = r.check("gradients");

@@ -1,0 +1,92 @@
+// data-parallel (with --world-size): gradients averaged over the ranks against one process's
+// step on the whole batch. The loss sums over examples, so the whole-batch gradient is the sum of
+// the shards' and the average is it divided by the world size -- up to the order of the float
+// additions, which differs: each rank sums its rows, then the all-reduce sums the ranks.
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+// Regrouping a float32 sum of n terms moves it by at most about n * 1.2e-7 of the sum of the
+// magnitudes; 1e-4 relative covers regroupings of batches up to several hundred rows, and the
+// absolute term covers gradients that cancel to near zero.
+const char* kTolerance = "rtol=1e-4,atol=1e-6";
+
+class DataParallelCheck : public Check {
+ public:
+  std::string id() const override { return "data-parallel"; }
+  std::string description() const override {
+    return "(with --world-size) gradients averaged over the ranks equal one process's on the "
+           "whole batch, within the tolerance float reduction order allows";
+  }
+  Needs needs() const override {
+    Needs n;
+    n.single_process = true;
+    return n;
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    const auto* dp = ctx.config.data_parallel;
+    if (!dp || !ctx.records.single_process) {
+      r.status = Status::kSkip;
+      r.summary = "a single process (--world-size 1)";
+      return r;
+    }
+    bool draws = false;
+    for (const auto& c : ctx.records.checkpointed.calls) draws = draws || c.rng_consumed;
+    if (ctx.records.probes) {
+      for (const auto& p : *ctx.records.probes) draws = draws || p.rng_consumed || !p.random_ops.empty();
+    }
+    if (draws) {
+      r.status = Status::kSkip;
+      r.summary = "the model draws random numbers: per-rank streams cannot reproduce one process's draws";
+      return r;
+    }
+    const auto tol = Tolerance::parse(kTolerance);
+    const auto& alone = *ctx.records.single_process;
+    if (!alone.error.empty()) {
+      r.status = Status::kError;
+      r.summary = "the single-process step failed: " + alone.error;
+      return r;
+    }
+    size_t compared = 0;
+    for (const auto& t : ctx.records.reference.tensors) {
+      if (t.kind != "param-grad") continue;
+      const auto* whole = alone.find(t.name, t.kind, t.step);
+      if (!whole || !whole->value.defined() || !t.value.defined()) continue;
+      ++compared;
+      auto d = compare_tensors(whole->value / dp->world_size(), t.value, tol);
+      if (d.equal) continue;
+      Finding f;
+      f.cause = Cause::kNonDeterministic;
+      f.site = owning_unit(ctx.plan, t.name);
+      f.tensor = t.name;
+      f.details = diff_json(d);
+      f.message = fmt::format("the gradient of {} averaged over {} ranks differs from the whole-batch "
+                              "gradient by up to {:.3g} (relative {:.3g}), beyond {}",
+                              t.name, dp->world_size(), d.max_abs, d.max_rel, kTolerance);
+      f.hint = "check that every rank gets its own shard of one global batch and that gradients are averaged";
+      add_finding(r, f);
+    }
+    r.details = {{"tolerance", kTolerance},
+                 {"tolerance_reason", "float32 sums regrouped per rank then all-reduced differ from one sum by about n*eps of the magnitudes"},
+                 {"world_size", dp->world_size()}};
+    if (!r.findings.empty()) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} differ from the single-process step", count_of(r.findings.size(), "parameter gradient"));
+    } else {
+      r.summary = fmt::format("{} averaged over {} ranks equal the single-process step within {}",
+                              count_of(compared, "parameter gradient"), dp->world_size(), kTolerance);
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_data_parallel_check() { return std::make_unique<DataParallelCheck>(); }
+
+}  // namespace ckcheck

@@ -1,0 +1,72 @@
+// hooks: under the checkpointed step every parameter's gradient hook fires exactly as often as
+// under the plain step (once per backward). Data-parallel training marks a parameter ready in
+// that hook; a reentrant checkpoint that runs the same module twice fires it twice ("Expected to
+// mark a variable ready only once"), and one that loses a gradient never fires it (DDP hangs).
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+class HooksCheck : public Check {
+ public:
+  std::string id() const override { return "hooks"; }
+  std::string description() const override {
+    return "every parameter's gradient hook fires once per backward under checkpointing, as "
+           "data-parallel training (DDP) requires";
+  }
+  Needs needs() const override {
+    Needs n;
+    n.hooks = true;
+    return n;
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    const auto& plain = ctx.records.reference.hooks;
+    const auto& ckpt = ctx.records.checkpointed.hooks;
+    if (ckpt.empty()) {
+      r.status = Status::kSkip;
+      r.summary = ctx.records.checkpointed.error.empty() ? "no gradient hook was counted"
+                                                         : "the checkpointed step failed before its hooks could be counted";
+      return r;
+    }
+    size_t counted = 0;
+    for (const auto& h : ckpt) {
+      ++counted;
+      int64_t expected = 1;
+      for (const auto& p : plain) {
+        if (p.name == h.name && p.step == h.step) expected = p.fires;
+      }
+      if (h.fires == expected) continue;
+      Finding f;
+      f.cause = Cause::kHookCount;
+      f.site = owning_unit(ctx.plan, h.name);
+      f.tensor = h.name;
+      f.details = {{"fires", h.fires}, {"plain_fires", expected}, {"step", h.step}};
+      f.message = h.fires > expected
+                      ? fmt::format("the gradient hook of {} fires {} times in one backward under "
+                                    "checkpointing ({} plain): DDP would mark it ready twice and stop",
+                                    h.name, h.fires, expected)
+                      : fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): "
+                                    "DDP would wait for it forever",
+                                    h.name, expected);
+      add_finding(r, f);
+    }
+    if (!r.findings.empty()) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} fire other than once per backward under checkpointing",
+                              count_of(r.findings.size(), "parameter hook"));
+    } else {
+      r.summary = fmt::format("{} fire once per backward, as under the plain step", count_of(counted, "parameter hook"));
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_hooks_check() { return std::make_unique<HooksCheck>(); }
+
+}  // namespace ckcheck

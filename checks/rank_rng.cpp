@@ -1,0 +1,63 @@
+// rank-rng (with --world-size): each rank draws its own dropout masks, and each rank's recompute
+// replays its own draws.
+#include <map>
+
+#include "checks/common.h"
+
+namespace ckcheck {
+namespace {
+
+class RankRngCheck : public Check {
+ public:
+  std::string id() const override { return "rank-rng"; }
+  std::string description() const override {
+    return "(with --world-size) ranks draw different random numbers, and each rank's recompute "
+           "replays its own";
+  }
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    const auto& ranks = ctx.records.ranks;
+    if (ranks.size() < 2) {
+      r.status = Status::kSkip;
+      r.summary = "a single process (--world-size 1)";
+      return r;
+    }
+    bool draws = false;
+    std::map<uint64_t, int> first_rank;
+    for (const auto& k : ranks) {
+      draws = draws || k.draws;
+      if (!k.error.empty()) {
+        add_finding(r, {Cause::kRng, "", fmt::format("rank {}", k.rank), "the rank's step failed: " + k.error, ""});
+        continue;
+      }
+      if (k.draws && !k.replayed) {
+        add_finding(r, {Cause::kRng, "", fmt::format("rank {}", k.rank),
+                        fmt::format("rank {}'s recompute does not replay its own random draws", k.rank), ""});
+      }
+      auto [it, fresh] = first_rank.emplace(k.rng_start, k.rank);
+      if (!fresh && k.draws) {
+        add_finding(r, {Cause::kRng, "", fmt::format("rank {}", k.rank),
+                        fmt::format("ranks {} and {} start from the same RNG state, so they draw the same "
+                                    "dropout masks",
+                                    it->second, k.rank),
+                        "seed each rank differently (seed + rank), as data-parallel training does"});
+      }
+    }
+    if (!r.findings.empty()) {
+      r.status = Status::kFail;
+      r.summary = "random draws are not per rank, or not replayed";
+    } else {
+      r.summary = draws ? fmt::format("{} ranks draw their own random numbers, and each recompute replays them", ranks.size())
+                        : "no checkpointed site draws random numbers";
+    }
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_rank_rng_check() { return std::make_unique<RankRngCheck>(); }
+
+}  // namespace ckcheck

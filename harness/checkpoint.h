@@ -58,8 +58,9 @@ class CheckpointObserver {
 struct CheckpointOptions {
   CheckpointOptions() = default;
 
-  /// Save the CPU generator and the default generator of every CUDA device before the forward and
-  /// replay them in the recompute, so dropout draws the same mask. Default: true.
+  /// Save the CPU generator and the default generator of every initialised CUDA device (not only
+  /// the devices of the inputs) before the forward and replay them in the recompute, so dropout
+  /// draws the same mask. Default: true.
   ///   CheckpointOptions().preserve_rng_state(false)  // the hazard, for tests that must catch it
   TORCH_ARG(bool, preserve_rng_state) = true;
 

@@ -4,6 +4,7 @@
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <torch/version.h>
 
@@ -68,6 +69,12 @@ inline at::Tensor generator_state(at::Generator gen) {
 inline void set_generator_state(at::Generator gen, const at::Tensor& state) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
+}
+
+// Whether a CUDA device has been initialised (its primary context exists): RNG states are saved
+// for those only, since touching another device would initialise it at a cost of hundreds of MB.
+inline bool cuda_device_initialised(int device) {
+  return at::detail::getCUDAHooks().hasPrimaryContext(static_cast<c10::DeviceIndex>(device));
 }
 
 // c10::Allocator: 2.3 made allocate() non-const and added a pure virtual copy_data(). A subclass

@@ -5,6 +5,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <memory>
+#include <mutex>
+#include <vector>
+
 #include "harness/memory.h"
 
 namespace ckcheck {
@@ -15,14 +19,15 @@ namespace alloc = c10::cuda::CUDACachingAllocator;
 class CudaMeter : public MemoryMeter {
  public:
   explicit CudaMeter(int device) : device_(device) {}
-  int64_t current_bytes() override { return stat().current; }
-  int64_t peak_bytes() override { return stat().peak; }
+  int64_t current_bytes() override { return alloc::getDeviceStats(device_).allocated_bytes[kAggregate].current; }
+  int64_t peak_bytes() override { return alloc::getDeviceStats(device_).allocated_bytes[kAggregate].peak; }
   void reset_peak() override { alloc::resetPeakStats(device_); }
 
  private:
-  alloc::Stat stat() {
-    return alloc::getDeviceStats(device_).allocated_bytes[static_cast<size_t>(alloc::StatType::AGGREGATE)];
-  }
+  // The aggregate statistic is entry 0 of the stat array in every release; the StatType enum
+  // naming it moved between namespaces (c10::cuda::CUDACachingAllocator in 1.13,
+  // c10::CachingAllocator in 2.x), so the index is used rather than the name.
+  static constexpr size_t kAggregate = 0;
   int device_;
 };
 

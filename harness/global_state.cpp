@@ -23,16 +23,14 @@ RngState RngState::capture() {
   RngState s;
   s.cpu = compat::generator_state(at::detail::getDefaultCPUGenerator());
   for (int d = 0; d < cuda_device_count(); ++d) {
-    s.cuda.push_back(compat::generator_state(cuda_generator(d)));
+    if (compat::cuda_device_initialised(d)) s.cuda.emplace_back(d, compat::generator_state(cuda_generator(d)));
   }
   return s;
 }
 
 void RngState::restore() const {
   compat::set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
-  for (size_t d = 0; d < cuda.size(); ++d) {
-    compat::set_generator_state(cuda_generator(static_cast<int>(d)), cuda[d]);
-  }
+  for (const auto& [d, state] : cuda) compat::set_generator_state(cuda_generator(d), state);
 }
 
 bool RngState::operator==(const RngState& other) const {
@@ -40,8 +38,8 @@ bool RngState::operator==(const RngState& other) const {
     return a.defined() == b.defined() && (!a.defined() || torch::equal(a, b));
   };
   if (!same(cpu, other.cpu) || cuda.size() != other.cuda.size()) return false;
-  for (size_t d = 0; d < cuda.size(); ++d) {
-    if (!same(cuda[d], other.cuda[d])) return false;
+  for (size_t i = 0; i < cuda.size(); ++i) {
+    if (cuda[i].first != other.cuda[i].first || !same(cuda[i].second, other.cuda[i].second)) return false;
   }
   return true;
 }

@@ -9,11 +9,11 @@
 
 namespace ckcheck {
 
-/// The state of the default CPU generator and of the default generator of every CUDA device (all
-/// of them, not only those of the tensors at hand: a module may draw on any device).
+/// The state of the default CPU generator and of the default generator of every initialised CUDA
+/// device (all of them, not only those of the tensors at hand: a module may draw on any device).
 struct RngState {
   torch::Tensor cpu;
-  std::vector<torch::Tensor> cuda;
+  std::vector<std::pair<int, torch::Tensor>> cuda;  // device index, state
 
   static RngState capture();
   void restore() const;

@@ -19,29 +19,51 @@ const std::vector<std::string>& default_bench_policies() {
 std::optional<double> analytic_activation_bytes(const Model& model, const Plan& plan, int element_bytes) {
   const auto mem = model.analytic_memory(element_bytes);
   if (mem.empty()) return std::nullopt;
-  auto stored = [&](const std::string& site) {
+  auto get = [&](const std::string& site) {
     auto it = mem.find(site);
-    return it == mem.end() ? 0.0 : it->second.stored;
+    return it == mem.end() ? SiteMemory{} : it->second;
   };
-  // Every activation of the outermost sites, as if nothing were checkpointed ...
-  double total = 0.0;
+  // The outermost sites in forward order; a segment of several of them counts as one.
   const auto sites = model.sites();
+  std::vector<std::vector<std::string>> tops;
   for (const auto& s : sites) {
     bool nested = false;
     for (const auto& o : sites) nested = nested || (o != s && site_within(s, o));
-    if (!nested) total += stored(s);
+    if (nested) continue;
+    const std::vector<std::string>* segment = nullptr;
+    for (const auto& u : plan.units) {
+      if (u.size() > 1 && std::find(u.begin(), u.end(), s) != u.end()) segment = &u;
+    }
+    if (segment && !tops.empty() && tops.back() == *segment) continue;
+    tops.push_back(segment ? *segment : std::vector<std::string>{s});
   }
-  // ... then each checkpointed unit keeps its input instead, and one is rebuilt at a time.
-  double rebuilt = 0.0;
-  for (const auto& unit : plan.units) {
-    double unit_stored = 0.0;
-    for (const auto& s : unit) unit_stored += stored(s);
-    auto it = mem.find(unit.front());
-    const double input = it == mem.end() ? 0.0 : it->second.input;
-    total += input - unit_stored;
-    rebuilt = std::max(rebuilt, unit_stored);
+  // The forward keeps, per top: its activations, or -- where checkpointed -- the inputs of its
+  // checkpointed units instead of their activations. The backward walks back and, at each top,
+  // holds what the tops before it keep plus what it rebuilds: a checkpointed top its input and
+  // activations, a top with checkpointed units inside the largest of those.
+  double prefix = 0.0, peak = 0.0;
+  for (const auto& top : tops) {
+    double all = 0.0;
+    for (const auto& s : top) all += get(s).stored;
+    const bool whole = std::any_of(plan.units.begin(), plan.units.end(), [&](const auto& u) { return u == top; });
+    double stored = all, during = all;
+    if (whole) {
+      stored = get(top.front()).input;
+      during = stored + all;
+    } else {
+      double rebuilt = 0.0;
+      for (const auto& u : plan.units) {
+        if (u.size() != 1 || !site_within(u[0], top.front()) || u[0] == top.front()) continue;
+        const auto m = get(u[0]);
+        stored += m.input - m.stored;
+        rebuilt = std::max(rebuilt, m.stored);
+      }
+      during = stored + rebuilt;
+    }
+    peak = std::max(peak, prefix + during);
+    prefix += stored;
   }
-  return total + rebuilt;
+  return peak;
 }
 
 namespace {

@@ -55,9 +55,10 @@ struct BenchResult {
 /// The policies `ckcheck bench` measures when none are given.
 const std::vector<std::string>& default_bench_policies();
 
-/// Activation memory the model's formula predicts under a plan: the sites that are not
-/// checkpointed keep their activations, each checkpointed unit keeps its input, and one unit is
-/// rebuilt at a time. Empty when the model has no formula.
+/// Peak activation memory the model's formula predicts under a plan: the forward keeps the
+/// activations of sites that are not checkpointed and the inputs of those that are; the backward,
+/// walking back, rebuilds one checkpointed unit at a time on top of what the sites before it
+/// keep. Every block checkpointed gives n*x + A. Empty when the model has no formula.
 std::optional<double> analytic_activation_bytes(const Model& model, const Plan& plan, int element_bytes);
 
 /// Measures every policy through the runner. Policies given explicitly must apply to the model

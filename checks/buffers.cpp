@@ -29,15 +29,8 @@ class BuffersCheck : public Check {
       return nullptr;
     };
     if (!ctx.records.checkpointed.error.empty()) {
-      Finding f;
-      f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
-      f.site = explained.empty() ? "" : explained.front().site;
-      f.message = "the checkpointed step failed before its buffers could be compared: " +
-                  ctx.records.checkpointed.error;
-      add_finding(r, f);
-      r.status = Status::kFail;
-      r.summary = "the checkpointed step failed";
-      return r;
+      return checkpointed_failed(id(), ctx, "the checkpointed step failed before its buffers could be compared: ",
+                                 "the checkpointed step failed");
     }
     size_t compared = 0, differing = 0;
     // One finding per (cause, unit), naming its buffers.

@@ -1,5 +1,7 @@
 #include "checks/common.h"
 
+#include "checks/evidence.h"
+
 namespace ckcheck {
 
 bool add_finding(CheckResult& r, Finding f) {
@@ -39,6 +41,21 @@ CheckResult reference_failed(const std::string& id, const CheckContext& ctx) {
   r.status = Status::kError;
   r.summary = "the plain (reference) step failed, so there is nothing to compare: " +
               ctx.records.reference.error;
+  return r;
+}
+
+CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, const std::string& message_prefix,
+                                const std::string& summary) {
+  const auto explained = explain_sites(ctx);
+  CheckResult r;
+  r.id = id;
+  Finding f;
+  f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
+  f.site = explained.empty() ? "" : explained.front().site;
+  f.message = message_prefix + ctx.records.checkpointed.error;
+  add_finding(r, f);
+  r.status = Status::kFail;
+  r.summary = summary;
   return r;
 }
 

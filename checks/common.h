@@ -24,4 +24,9 @@ nlohmann::json diff_json(const TensorDiff& d);
 /// A CheckResult for when the reference step itself failed: nothing can be compared.
 CheckResult reference_failed(const std::string& id, const CheckContext& ctx);
 
+/// A failing CheckResult for when the checkpointed step failed and the plain one did not, with
+/// the cause and site the evidence gives (the first explained site), or non-deterministic.
+CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, const std::string& message_prefix,
+                                const std::string& summary);
+
 }  // namespace ckcheck

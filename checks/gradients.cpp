@@ -26,19 +26,12 @@ class GradientsCheck : public Check {
     if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);
     CheckResult r;
     r.id = id();
-    const auto explained = explain_sites(ctx);
     const auto& ckpt = ctx.records.checkpointed;
-
     if (!ckpt.error.empty()) {
-      Finding f;
-      f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
-      f.site = explained.empty() ? "" : explained.front().site;
-      f.message = "the checkpointed step failed: " + ckpt.error;
-      add_finding(r, f);
-      r.status = Status::kFail;
-      r.summary = "the checkpointed step failed where the plain step did not";
-      return r;
+      return checkpointed_failed(id(), ctx, "the checkpointed step failed: ",
+                                 "the checkpointed step failed where the plain step did not");
     }
+    const auto explained = explain_sites(ctx);
 
     // One finding per (cause, site): the tensors it explains, named by the worst of them.
     struct Group {

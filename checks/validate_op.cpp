@@ -12,6 +12,7 @@
 #include "checks/common.h"
 #include "harness/checkpoint.h"
 #include "harness/errors.h"
+#include "harness/text.h"
 #include "harness/global_state.h"
 
 namespace ckcheck {
@@ -381,16 +382,11 @@ std::vector<std::vector<int64_t>> parse_shapes(const std::string& text) {
   std::vector<int64_t> cur;
   std::string num;
   auto flush_num = [&] {
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(num, &used);
-    } catch (const std::exception&) {
-    }
-    if (num.empty() || used != num.size() || v < 0) {
+    const auto v = parse_int(num);
+    if (!v || *v < 0) {
       throw UsageError(fmt::format("--shapes '{}': write one shape per tensor argument, as 4x16,4x16", text));
     }
-    cur.push_back(v);
+    cur.push_back(*v);
     num.clear();
   };
   for (char c : text + ",") {

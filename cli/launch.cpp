@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "harness/errors.h"
+#include "harness/text.h"
 
 namespace ckcheck::cli {
 
@@ -26,12 +27,7 @@ std::vector<std::string>& args_store() {
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v) return fallback;
-  try {
-    size_t used = 0;
-    const int n = std::stoi(v, &used);
-    if (used == std::string(v).size()) return n;
-  } catch (const std::exception&) {
-  }
+  if (const auto n = parse_int(v)) return static_cast<int>(*n);
   throw UsageError(fmt::format("environment variable {}='{}' is not an integer", name, v));
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "harness/errors.h"
+#include "harness/text.h"
 
 namespace ckcheck {
 
@@ -311,13 +312,12 @@ nlohmann::json bench_json(const BenchResult& r) {
 }
 
 int64_t parse_bytes(const std::string& text) {
+  // The number, then the unit: split where the digits end.
   size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  while (used < text.size() && (std::isdigit(static_cast<unsigned char>(text[used])) || text[used] == '.')) ++used;
+  const auto number = parse_double(text.substr(0, used));
+  const double v = number ? *number : -1;
+  if (!number) used = 0;
   std::string unit = used ? text.substr(used) : "";
   const std::vector<std::pair<std::string, double>> units = {
       {"", 1},       {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0}, {"GiB", 1073741824.0},

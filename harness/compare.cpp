@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "harness/errors.h"
+#include "harness/text.h"
 
 namespace ckcheck {
 
@@ -14,18 +15,12 @@ namespace {
 const char* kToleranceForms = "bitwise, rtol=R,atol=A (either may be left out) or ulp=N";
 
 double parse_number(const std::string& text, const std::string& whole) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (text.empty() || used != text.size() || !(v >= 0) || !std::isfinite(v)) {
+  const auto v = parse_double(text);
+  if (!v || *v < 0) {
     throw UsageError(fmt::format("tolerance '{}': '{}' is not a non-negative number; valid forms: {}",
                                  whole, text, kToleranceForms));
   }
-  return v;
+  return *v;
 }
 
 // Bit patterns of a floating tensor as int64, ordered like the values they encode.

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "harness/errors.h"
+#include "harness/text.h"
 
 namespace ckcheck {
 
@@ -14,18 +15,12 @@ namespace {
 const char* kPolicyForms = "none, every:K, segments[:N] or sites:GLOB[,GLOB]";
 
 int64_t parse_positive(const std::string& text, const std::string& whole) {
-  size_t used = 0;
-  long long v = 0;
-  try {
-    v = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty() || v < 1) {
+  const auto v = parse_int(text);
+  if (!v || *v < 1) {
     throw UsageError(fmt::format("policy '{}': '{}' is not a positive integer; valid policies: {}",
                                  whole, text, kPolicyForms));
   }
-  return v;
+  return *v;
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {

@@ -162,13 +162,12 @@ class EvidenceObserver : public CheckpointObserver {
   std::map<int64_t, RngState> rng_before_;
 };
 
-// Calls each site plainly or under a checkpoint, as the plan says. A site inside a checkpointed
-// unit always runs plainly (the outer checkpoint covers it), in the forward and in the recompute.
-class PlanSiteRunner : public SiteRunner {
+// Calls each site plainly, except the plan's units, which go to run_unit() -- a single site or,
+// from chain(), a run of consecutive sites. A site inside a unit always runs plainly (the unit
+// covers it), in the forward and in a recompute.
+class UnitSiteRunner : public SiteRunner {
  public:
-  PlanSiteRunner(const Plan* plan, CheckpointOptions base, Model& model, bool restore_buffers,
-                 OpTracer* tracer)
-      : base_(std::move(base)), model_(model), restore_buffers_(restore_buffers), tracer_(tracer) {
+  explicit UnitSiteRunner(const Plan* plan) {
     if (!plan) return;
     for (const auto& u : plan->units) {
       if (u.size() == 1) {
@@ -183,11 +182,9 @@ class PlanSiteRunner : public SiteRunner {
 
   std::vector<Tensor> call(const std::string& site, const SiteFn& fn,
                            const std::vector<Tensor>& inputs) override {
-    auto traced = traced_fn(site, fn);
-    if (depth_ == 0 && single_.count(site)) {
-      return checkpoint(checkpointed_fn(traced), inputs, options_for({site}));
-    }
-    return traced(inputs);
+    auto wrapped = wrap_site(site, fn);
+    if (depth_ == 0 && single_.count(site)) return run_unit({site}, inside(wrapped), inputs);
+    return wrapped(inputs);
   }
 
   Tensor chain(const std::vector<std::string>& sites, const std::vector<TensorFn>& fns,
@@ -208,14 +205,61 @@ class PlanSiteRunner : public SiteRunner {
         for (size_t k = i; k < end; ++k) y = call(sites[k], fns[k], y);
         return std::vector<Tensor>{y};
       };
-      h = checkpoint(checkpointed_fn(run), {h}, options_for(unit))[0];
+      h = run_unit(unit, inside(run), {h})[0];
       i = end;
     }
     return h;
   }
 
+ protected:
+  /// Runs one unit; `fn` already marks the runner as inside it.
+  virtual std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
+                                       const std::vector<Tensor>& inputs) = 0;
+  /// Wraps every site's function (to trace it, say); as is by default.
+  virtual SiteFn wrap_site(const std::string& site, const SiteFn& fn) { return fn; }
+
+  // Marks the runner as inside a unit while `fn` runs -- in the forward, and in a recompute,
+  // which calls the same function again.
+  SiteFn inside(const SiteFn& fn) {
+    return [this, fn](const std::vector<Tensor>& xs) {
+      ++depth_;
+      struct Down {
+        int& d;
+        ~Down() { --d; }
+      } down{depth_};
+      return fn(xs);
+    };
+  }
+
  private:
-  SiteFn traced_fn(const std::string& site, const SiteFn& fn) {
+  std::set<std::string> single_;
+  std::map<std::string, std::vector<std::string>> segments_;
+  int depth_ = 0;
+};
+
+// Checkpoints the plan's units, with the run's checkpoint options.
+class PlanSiteRunner : public UnitSiteRunner {
+ public:
+  PlanSiteRunner(const Plan* plan, CheckpointOptions base, Model& model, bool restore_buffers,
+                 OpTracer* tracer)
+      : UnitSiteRunner(plan), base_(std::move(base)), model_(model), restore_buffers_(restore_buffers), tracer_(tracer) {}
+
+ protected:
+  std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
+                               const std::vector<Tensor>& inputs) override {
+    auto o = base_;
+    o.name(Plan::unit_label(unit));
+    if (restore_buffers_) {
+      std::vector<Tensor> buffers;
+      for (const auto& s : unit) {
+        for (auto& b : model_.site_buffers(s)) buffers.push_back(b);
+      }
+      o.restore_buffers(buffers);
+    }
+    return checkpoint(fn, inputs, o);
+  }
+
+  SiteFn wrap_site(const std::string& site, const SiteFn& fn) override {
     if (!tracer_) return fn;
     return [this, site, fn](const std::vector<Tensor>& xs) {
       tracer_->push_site(site);
@@ -227,38 +271,11 @@ class PlanSiteRunner : public SiteRunner {
     };
   }
 
-  // Marks the runner as inside a checkpoint while `fn` runs, in the forward and the recompute.
-  SiteFn checkpointed_fn(const SiteFn& fn) {
-    return [this, fn](const std::vector<Tensor>& xs) {
-      ++depth_;
-      struct Down {
-        int& d;
-        ~Down() { --d; }
-      } down{depth_};
-      return fn(xs);
-    };
-  }
-
-  CheckpointOptions options_for(const std::vector<std::string>& unit) {
-    auto o = base_;
-    o.name(Plan::unit_label(unit));
-    if (restore_buffers_) {
-      std::vector<Tensor> buffers;
-      for (const auto& s : unit) {
-        for (auto& b : model_.site_buffers(s)) buffers.push_back(b);
-      }
-      o.restore_buffers(buffers);
-    }
-    return o;
-  }
-
+ private:
   CheckpointOptions base_;
   Model& model_;
   bool restore_buffers_;
   OpTracer* tracer_;
-  std::set<std::string> single_;
-  std::map<std::string, std::vector<std::string>> segments_;
-  int depth_ = 0;
 };
 
 Tensor upstream_for(const Tensor& out, uint64_t seed, int64_t step, size_t index) {
@@ -598,57 +615,20 @@ constexpr int kRestarts = 4;
 
 // Runs the forward plainly, but at each checkpointed unit repeats the unit on the inputs it got
 // (see UnitProbe) before letting the forward go on.
-class ProbeSiteRunner : public SiteRunner {
+class ProbeSiteRunner : public UnitSiteRunner {
  public:
   ProbeSiteRunner(const Plan& plan, Model& model, std::vector<UnitProbe>& out, int64_t step)
-      : model_(model), out_(out), step_(step) {
-    for (const auto& u : plan.units) {
-      if (u.size() == 1) {
-        single_.insert(u[0]);
-      } else {
-        segments_[u.front()] = u;
-      }
-    }
-  }
+      : UnitSiteRunner(&plan), model_(model), out_(out), step_(step) {}
 
-  using SiteRunner::call;
-
-  std::vector<Tensor> call(const std::string& site, const SiteFn& fn,
-                           const std::vector<Tensor>& inputs) override {
-    if (depth_ == 0 && single_.count(site)) return probe_unit(site, fn, inputs);
-    return fn(inputs);
-  }
-
-  Tensor chain(const std::vector<std::string>& sites, const std::vector<TensorFn>& fns,
-               const Tensor& x) override {
-    Tensor h = x;
-    for (size_t i = 0; i < fns.size();) {
-      auto seg = depth_ == 0 ? segments_.find(sites[i]) : segments_.end();
-      if (seg == segments_.end()) {
-        h = call(sites[i], fns[i], h);
-        ++i;
-        continue;
-      }
-      const size_t end = i + seg->second.size();
-      SiteFn run = [this, sites, fns, i, end](const std::vector<Tensor>& xs) {
-        Tensor y = xs[0];
-        for (size_t k = i; k < end; ++k) y = call(sites[k], fns[k], y);
-        return std::vector<Tensor>{y};
-      };
-      h = probe_unit(Plan::unit_label(seg->second), run, {h})[0];
-      i = end;
-    }
-    return h;
+ protected:
+  std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
+                               const std::vector<Tensor>& inputs) override {
+    return probe_unit(Plan::unit_label(unit), fn, inputs);
   }
 
  private:
   std::vector<Tensor> once(const SiteFn& fn, const std::vector<Tensor>& inputs,
                            std::vector<std::string>* random_ops, bool* private_gen) {
-    ++depth_;
-    struct Down {
-      int& d;
-      ~Down() { --d; }
-    } down{depth_};
     std::vector<Tensor> xs;
     for (const auto& x : inputs) xs.push_back(x.detach().clone());
     if (!random_ops) return fn(xs);
@@ -727,9 +707,6 @@ class ProbeSiteRunner : public SiteRunner {
   Model& model_;
   std::vector<UnitProbe>& out_;
   int64_t step_;
-  std::set<std::string> single_;
-  std::map<std::string, std::vector<std::string>> segments_;
-  int depth_ = 0;
 };
 
 }  // namespace

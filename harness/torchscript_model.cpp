@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "harness/errors.h"
+#include "harness/text.h"
 
 namespace ckcheck {
 namespace {
@@ -247,16 +248,11 @@ class TorchScriptModel : public Model {
     std::string cur;
     for (char c : inputs_.shape + ",") {
       if (c == ',' || c == 'x') {
-        size_t used = 0;
-        long long v = -1;
-        try {
-          v = std::stoll(cur, &used);
-        } catch (const std::exception&) {
-        }
-        if (cur.empty() || used != cur.size() || v < 0) {
+        const auto v = parse_int(cur);
+        if (!v || *v < 0) {
           throw UsageError(fmt::format("--input-shape '{}': give sizes as 2,3,224,224", inputs_.shape));
         }
-        shape.push_back(v);
+        shape.push_back(*v);
         cur.clear();
       } else {
         cur += c;
@@ -274,15 +270,11 @@ class TorchScriptModel : public Model {
     const bool has_range = !inputs_.range.empty();
     if (has_range) {
       const auto comma = inputs_.range.find(',');
-      try {
-        size_t u1 = 0, u2 = 0;
-        const auto a = inputs_.range.substr(0, comma), b = comma == std::string::npos ? "" : inputs_.range.substr(comma + 1);
-        lo = std::stod(a, &u1);
-        hi = std::stod(b, &u2);
-        if (u1 != a.size() || u2 != b.size()) throw std::invalid_argument("trailing");
-      } catch (const std::exception&) {
-        throw UsageError(fmt::format("--input-range '{}': give LO,HI, as 0,1000", inputs_.range));
-      }
+      const auto a = parse_double(inputs_.range.substr(0, comma));
+      const auto b = parse_double(comma == std::string::npos ? "" : inputs_.range.substr(comma + 1));
+      if (!a || !b) throw UsageError(fmt::format("--input-range '{}': give LO,HI, as 0,1000", inputs_.range));
+      lo = *a;
+      hi = *b;
       if (!(hi > lo)) throw UsageError(fmt::format("--input-range '{}': HI must be above LO", inputs_.range));
     }
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x5eedc0ffeeull);

@@ -19,27 +19,27 @@ class HtmlReporter : public Reporter {
  public:
   void write(const Report& r, std::ostream& out) override {
     out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
-    out << fmt::format("<title>ckcheck {} {}: {}</title>\n", r.command, html_escape(r.model.name), r.verdict);
+    out << fmt::format("<title>ckcheck {} {}: {}</title>\n", r.command, escape_markup(r.model.name), r.verdict);
     out << "<style>" << kStyle << "</style></head><body>\n";
     out << fmt::format("<h1>ckcheck {} &middot; <code>{}</code> &middot; <span class=\"{}\">{}</span></h1>\n",
-                       r.command, html_escape(r.model.name), r.verdict, r.verdict);
+                       r.command, escape_markup(r.model.name), r.verdict, r.verdict);
     if (!r.model.policy.empty()) {
-      out << fmt::format("<p>Policy <code>{}</code>; checkpointed: {}.</p>\n", html_escape(r.model.policy),
+      out << fmt::format("<p>Policy <code>{}</code>; checkpointed: {}.</p>\n", escape_markup(r.model.policy),
                          r.model.units.empty() ? std::string("nothing")
-                                               : html_escape(fmt::format("{}", fmt::join(r.model.units, ", "))));
+                                               : escape_markup(fmt::format("{}", fmt::join(r.model.units, ", "))));
     }
     if (!r.checks.empty()) {
       out << "<h2>Checks</h2>\n<table><tr><th>check</th><th>status</th><th>summary and findings</th></tr>\n";
       for (const auto& c : r.checks) {
         out << fmt::format("<tr><td><code>{}</code></td><td class=\"{}\">{}</td><td>{}", c.id,
-                           status_name(c.status), status_name(c.status), html_escape(c.summary));
+                           status_name(c.status), status_name(c.status), escape_markup(c.summary));
         if (!c.findings.empty()) {
           out << "<ul>";
           for (const auto& f : c.findings) {
             out << fmt::format("<li><code>{}</code> {}{}{}<br><span class=\"hint\">fix: {}</span></li>",
-                               cause_name(f.cause), f.site.empty() ? "" : "<code>" + html_escape(f.site) + "</code> ",
-                               f.tensor.empty() ? "" : "(" + html_escape(f.tensor) + ") ",
-                               html_escape(f.message), html_escape(f.hint));
+                               cause_name(f.cause), f.site.empty() ? "" : "<code>" + escape_markup(f.site) + "</code> ",
+                               f.tensor.empty() ? "" : "(" + escape_markup(f.tensor) + ") ",
+                               escape_markup(f.message), escape_markup(f.hint));
           }
           out << "</ul>";
         }
@@ -57,7 +57,7 @@ class HtmlReporter : public Reporter {
         out << fmt::format("<tr><td><code>{}</code></td><td>{}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td>"
                            "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
                            "<td class=\"num\">{}</td><td class=\"num\">{} / {}</td></tr>\n",
-                           html_escape(d.name), d.kind, d.step, d.equal ? "pass" : "fail",
+                           escape_markup(d.name), d.kind, d.step, d.equal ? "pass" : "fail",
                            d.equal ? "yes" : "no", format_number(d.max_abs), format_number(d.max_rel),
                            d.max_ulp,
                            d.missing != "none" ? "missing: " + d.missing : fmt::format("{}/{}", d.mismatched, d.numel),
@@ -67,7 +67,7 @@ class HtmlReporter : public Reporter {
     }
     out << html_sections(r);
     if (!r.reproduce.empty()) {
-      out << fmt::format("<h2>Reproduce</h2>\n<pre><code>{}</code></pre>\n", html_escape(r.reproduce));
+      out << fmt::format("<h2>Reproduce</h2>\n<pre><code>{}</code></pre>\n", escape_markup(r.reproduce));
     }
     out << fmt::format("<p class=\"skip\">ckcheck {}</p>\n</body></html>\n", ckcheck_version());
   }

@@ -7,23 +7,6 @@
 namespace ckcheck {
 namespace {
 
-std::string xml_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default:
-        // XML 1.0 forbids most control characters.
-        if (static_cast<unsigned char>(c) >= 0x20 || c == '\n' || c == '\t') out += c;
-    }
-  }
-  return out;
-}
-
 class JunitReporter : public Reporter {
  public:
   void write(const Report& r, std::ostream& out) override {
@@ -38,15 +21,15 @@ class JunitReporter : public Reporter {
     out << fmt::format("<testsuites name=\"ckcheck\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{:.3f}\">\n",
                        r.checks.size(), failures, errors, skipped, r.seconds);
     out << fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{:.3f}\">\n",
-                       xml_escape(suite), r.checks.size(), failures, errors, skipped, r.seconds);
+                       escape_markup(suite), r.checks.size(), failures, errors, skipped, r.seconds);
     out << "    <properties>\n";
-    out << fmt::format("      <property name=\"verdict\" value=\"{}\"/>\n", xml_escape(r.verdict));
-    out << fmt::format("      <property name=\"policy\" value=\"{}\"/>\n", xml_escape(r.model.policy));
-    out << fmt::format("      <property name=\"reproduce\" value=\"{}\"/>\n", xml_escape(r.reproduce));
+    out << fmt::format("      <property name=\"verdict\" value=\"{}\"/>\n", escape_markup(r.verdict));
+    out << fmt::format("      <property name=\"policy\" value=\"{}\"/>\n", escape_markup(r.model.policy));
+    out << fmt::format("      <property name=\"reproduce\" value=\"{}\"/>\n", escape_markup(r.reproduce));
     out << "    </properties>\n";
-    const std::string cls = xml_escape(fmt::format("ckcheck.{}", r.model.name));
+    const std::string cls = escape_markup(fmt::format("ckcheck.{}", r.model.name));
     for (const auto& c : r.checks) {
-      out << fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", cls, xml_escape(c.id));
+      out << fmt::format("    <testcase classname=\"{}\" name=\"{}\" time=\"0\"", cls, escape_markup(c.id));
       std::string body;
       for (const auto& f : c.findings) {
         body += fmt::format("[{}] {}{}{}\nfix: {}\n", cause_name(f.cause), f.site.empty() ? "" : f.site + ": ",
@@ -56,23 +39,23 @@ class JunitReporter : public Reporter {
       switch (c.status) {
         case Status::kFail:
           out << fmt::format(">\n      <failure message=\"{}\" type=\"{}\">{}</failure>\n    </testcase>\n",
-                             xml_escape(c.summary),
+                             escape_markup(c.summary),
                              c.findings.empty() ? "fail" : cause_name(c.findings.front().cause),
-                             xml_escape(body));
+                             escape_markup(body));
           break;
         case Status::kError:
           out << fmt::format(">\n      <error message=\"{}\">{}</error>\n    </testcase>\n",
-                             xml_escape(c.summary), xml_escape(body));
+                             escape_markup(c.summary), escape_markup(body));
           break;
         case Status::kSkip:
-          out << fmt::format(">\n      <skipped message=\"{}\"/>\n    </testcase>\n", xml_escape(c.summary));
+          out << fmt::format(">\n      <skipped message=\"{}\"/>\n    </testcase>\n", escape_markup(c.summary));
           break;
         case Status::kWarn:
           out << fmt::format(">\n      <system-out>WARNING: {}\n{}</system-out>\n    </testcase>\n",
-                             xml_escape(c.summary), xml_escape(body));
+                             escape_markup(c.summary), escape_markup(body));
           break;
         case Status::kPass:
-          out << fmt::format(">\n      <system-out>{}</system-out>\n    </testcase>\n", xml_escape(c.summary));
+          out << fmt::format(">\n      <system-out>{}</system-out>\n    </testcase>\n", escape_markup(c.summary));
           break;
       }
     }

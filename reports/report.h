@@ -80,6 +80,9 @@ void write_file_atomically(const std::string& path, const std::string& text);
 /// Shell-quotes one argument when it needs it ('blocks.*' stays one word, and no glob expands).
 std::string shell_quote(const std::string& arg);
 
+/// Escapes text for HTML and XML (& < > " '), dropping the control characters XML 1.0 forbids.
+std::string escape_markup(const std::string& s);
+
 /// Short numbers for tables: 0, 1.2e-07, 0.0123.
 std::string format_number(double v);
 

@@ -4,21 +4,9 @@
 
 #include <cmath>
 
-namespace ckcheck {
+#include "harness/bench.h"
 
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
+namespace ckcheck {
 
 namespace {
 
@@ -84,17 +72,7 @@ std::vector<std::string> diagnosis_lines(const nlohmann::json& d) {
   return out;
 }
 
-std::string bytes_text(const nlohmann::json& v) {
-  if (v.is_null()) return "-";
-  double b = v.get<double>();
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::abs(b) >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
-}
+std::string bytes_text(const nlohmann::json& v) { return v.is_null() ? "-" : format_bytes(v.get<double>()); }
 
 std::string seconds_text(double s) {
   if (s >= 1) return fmt::format("{:.2f} s", s);
@@ -203,9 +181,9 @@ std::string bench_svg(const Report& r) {
     svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#888\"/>\n", x(p.tmin), y(p.mem), x(p.tmax), y(p.mem));
     svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}: {:.3g} ms, {:.3g} MiB</title></circle>\n",
                        x(p.t), y(p.mem), chosen ? 7 : 5, chosen ? "#176b2c" : (p.fits ? "#1f5fa8" : "#b00020"),
-                       html_escape(p.label), p.t, p.mem);
+                       escape_markup(p.label), p.t, p.mem);
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\"{}>{}</text>\n", x(p.t) + 8, y(p.mem) - 6,
-                       chosen ? " font-weight=\"bold\"" : "", html_escape(p.label));
+                       chosen ? " font-weight=\"bold\"" : "", escape_markup(p.label));
   }
   svg += "</svg>\n";
   return svg;
@@ -273,32 +251,32 @@ std::string html_sections(const Report& r) {
   std::string out;
   if (r.sections.contains("validation")) {
     out += "<h2>Custom op</h2>\n<ul>";
-    for (const auto& l : validation_lines(r.sections["validation"])) out += "<li>" + html_escape(l) + "</li>";
+    for (const auto& l : validation_lines(r.sections["validation"])) out += "<li>" + escape_markup(l) + "</li>";
     out += "</ul>\n";
   }
   if (r.sections.contains("diagnosis")) {
     out += "<h2>Diagnosis</h2>\n<pre>";
-    for (const auto& l : diagnosis_lines(r.sections["diagnosis"])) out += html_escape(l) + "\n";
+    for (const auto& l : diagnosis_lines(r.sections["diagnosis"])) out += escape_markup(l) + "\n";
     out += "</pre>\n";
   }
   if (r.sections.contains("policies")) {
-    out += "<h2>Memory and time per policy</h2>\n<p>" + html_escape(bench_header(r)) + ".</p>\n";
+    out += "<h2>Memory and time per policy</h2>\n<p>" + escape_markup(bench_header(r)) + ".</p>\n";
     out += bench_svg(r);
     out += "<table><tr><th>policy</th><th>checkpointed</th><th>peak above baseline</th><th>x none</th><th>analytic</th>"
            "<th>step time median [min..max]</th><th>x none</th><th>note</th></tr>\n";
     for (const auto& row : bench_rows(r)) {
       out += fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
                          "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>\n",
-                         html_escape(row.policy), row.units, row.peak, row.peak_ratio, row.analytic, row.time,
-                         row.time_ratio, html_escape(row.note));
+                         escape_markup(row.policy), row.units, row.peak, row.peak_ratio, row.analytic, row.time,
+                         row.time_ratio, escape_markup(row.note));
     }
     out += "</table>\n";
     const auto& rec = r.sections["recommendation"];
-    out += fmt::format("<p><b>Recommendation:</b> {} ({}).</p>\n", rec.is_null() ? "none" : "<code>" + html_escape(rec.get<std::string>()) + "</code>",
-                       html_escape(str(r.sections, "recommendation_reason")));
+    out += fmt::format("<p><b>Recommendation:</b> {} ({}).</p>\n", rec.is_null() ? "none" : "<code>" + escape_markup(rec.get<std::string>()) + "</code>",
+                       escape_markup(str(r.sections, "recommendation_reason")));
     if (!r.sections["warnings"].empty()) {
       out += "<ul>";
-      for (const auto& w : r.sections["warnings"]) out += "<li class=\"warn\">" + html_escape(w.get<std::string>()) + "</li>";
+      for (const auto& w : r.sections["warnings"]) out += "<li class=\"warn\">" + escape_markup(w.get<std::string>()) + "</li>";
       out += "</ul>\n";
     }
   }

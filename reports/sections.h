@@ -13,7 +13,4 @@ std::vector<std::string> console_sections(const Report& r);
 std::vector<std::string> markdown_sections(const Report& r);
 std::string html_sections(const Report& r);
 
-/// Escapes text for HTML.
-std::string html_escape(const std::string& s);
-
 }  // namespace ckcheck

@@ -1,0 +1,14 @@
+// Reading numbers from option values: the whole text or nothing, so "4x" or "" is an error for
+// the caller to word, never a silent 4 or 0.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace ckcheck {
+
+std::optional<long long> parse_int(const std::string& text);
+/// Finite numbers only.
+std::optional<double> parse_double(const std::string& text);
+
+}  // namespace ckcheck

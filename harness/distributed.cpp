@@ -8,17 +8,19 @@
 #include "harness/data_parallel.h"
 #include "harness/errors.h"
 
-#ifdef USE_C10D_GLOO
+#if defined(USE_C10D_GLOO) && !defined(CKCHECK_NO_GLOO)
+#define CKCHECK_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
-#ifdef USE_C10D_NCCL
+#if defined(USE_C10D_NCCL) && !defined(CKCHECK_NO_NCCL)
+#define CKCHECK_NCCL 1
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 namespace ckcheck {
 
-#ifdef USE_C10D_GLOO
+#ifdef CKCHECK_GLOO
 namespace {
 
 class C10dCollective : public Collective {
@@ -55,8 +57,8 @@ class C10dCollective : public Collective {
 std::unique_ptr<Collective> join_process_group(int rank, int world_size, const std::string& master_addr,
                                                int master_port, const torch::Device& device,
                                                int timeout_seconds) {
-#ifndef USE_C10D_GLOO
-  throw UsageError("this LibTorch was built without c10d's Gloo backend, so --world-size needs another build");
+#ifndef CKCHECK_GLOO
+  throw UsageError("this ckcheck was built without c10d's Gloo backend (a LibTorch without it, or no Gloo headers: install libgloo-dev), so --world-size is not available");
 #else
   const auto timeout = std::chrono::milliseconds(1000ll * timeout_seconds);
   c10::intrusive_ptr<c10d::Store> store;
@@ -74,7 +76,7 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
                                          std::string(e.what()).substr(0, std::string(e.what()).find('\n'))));
   }
   if (device.is_cuda()) {
-#ifdef USE_C10D_NCCL
+#ifdef CKCHECK_NCCL
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = timeout;
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
@@ -82,7 +84,7 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
         rank, world_size, "nccl", store, [pg](std::vector<torch::Tensor>& t) { pg->allreduce(t)->wait(); },
         [pg] { pg->barrier()->wait(); });
 #else
-    throw UsageError("CUDA tensors need NCCL, and this LibTorch was built without it");
+    throw UsageError("CUDA tensors need NCCL, and this ckcheck was built without it (a LibTorch without NCCL, or no nccl.h at build time)");
 #endif
   }
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);

@@ -12,6 +12,13 @@ function(ckcheck_target_defaults target)
   if(CKCHECK_HAS_CUDA AND NOT CKCHECK_HAS_NCCL)
     target_compile_definitions(${target} PUBLIC CKCHECK_NO_NCCL=1)
   endif()
+  get_target_property(type ${target} TYPE)
+  if(type STREQUAL "EXECUTABLE")
+    # -fPIC, not -fPIE: the shared precompiled header is built with -fPIC, and GCC refuses it
+    # for a file compiled otherwise (then every test file would parse the torch headers anew).
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fPIC>)
+  endif()
   if(CKCHECK_PCH)
     if(target STREQUAL "ckcheck_harness")
       target_precompile_headers(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${PROJECT_SOURCE_DIR}/harness/pch.h>)

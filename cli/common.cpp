@@ -41,9 +41,11 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_
   auto* group = app.add_option_group("Model options", "options of the built-in models (see `ckcheck list`)");
   for (const auto& name : order) {
     std::map<std::string, std::vector<std::string>> models_by_help;
+    size_t faulty = 0;
+    for (const auto& [model, help] : by_option[name]) faulty += model.rfind("faulty/", 0) == 0;
     for (const auto& [model, help] : by_option[name]) {
-      // faulty/* share the mlp options; name them once.
-      const auto shown = model.rfind("faulty/", 0) == 0 ? std::string("faulty/*") : model;
+      // faulty/* share the mlp options; name them once when several do.
+      const auto shown = model.rfind("faulty/", 0) == 0 && faulty > 1 ? std::string("faulty/*") : model;
       auto& v = models_by_help[help];
       if (std::find(v.begin(), v.end(), shown) == v.end()) v.push_back(shown);
     }

@@ -65,7 +65,7 @@ void setup_run(CLI::App& app, int& exit_code) {
   std::vector<std::string> ids;
   for (const auto& c : builtin_checks()) ids.push_back(c->id());
   sub->add_option("--checks", o->checks,
-                  fmt::format("checks to run, comma-separated (default: all): {}", fmt::join(ids, ", ")))
+                  fmt::format("checks to run, comma-separated (default: all but memory and overhead, which --bench adds): {}", fmt::join(ids, ", ")))
       ->delimiter(',');
   sub->add_option("--report", o->reports,
                   "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")

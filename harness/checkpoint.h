@@ -102,7 +102,8 @@ using TensorFn = std::function<torch::Tensor(const torch::Tensor&)>;
 using IValuesFn = std::function<c10::IValue(const std::vector<c10::IValue>&)>;
 
 /// Checkpoints `fn` over several tensor inputs and outputs. Outputs that are not floating point,
-/// or that do not depend on anything requiring grad, simply get no gradient.
+/// or that do not depend on anything requiring grad, simply get no gradient. Under grad mode, when
+/// no input requires grad, the outputs still do, so that the parameters inside get theirs.
 std::vector<torch::Tensor> checkpoint(const TensorsFn& fn, const std::vector<torch::Tensor>& inputs,
                                       const CheckpointOptions& options = {});
 

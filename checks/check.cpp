@@ -1,6 +1,7 @@
 #include "checks/check.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "harness/errors.h"
 

@@ -1,6 +1,8 @@
 // determinism: each checkpointed site, run twice on identical inputs and RNG state, gives the same
 // outputs. If not: non-deterministic (differs even from identical state), or stateful (differs
 // because the first call changed the site's own state).
+#include <fmt/ranges.h>
+
 #include "checks/common.h"
 #include "checks/evidence.h"
 

@@ -1,6 +1,7 @@
 #include "checks/diagnose.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <set>

@@ -1,5 +1,7 @@
 // rng: a checkpointed site consumes random numbers and its recompute does not reproduce the
 // forward's outputs: the RNG state was not replayed, or the site draws from a private generator.
+#include <fmt/ranges.h>
+
 #include "checks/common.h"
 #include "checks/evidence.h"
 

@@ -73,6 +73,7 @@ class WithInputs : public Model {
   std::vector<torch::Tensor> site_buffers(const std::string& s) override { return inner_.site_buffers(s); }
   void to(const torch::Device& d) override { inner_.to(d); }
   torch::Device device() const override { return inner_.device(); }
+  NamedTensors state_tensors() override { return inner_.state_tensors(); }
   ModelState snapshot() override { return inner_.snapshot(); }
   void restore(const ModelState& s) override { inner_.restore(s); }
   std::map<std::string, std::string> options() const override { return inner_.options(); }

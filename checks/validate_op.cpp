@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <rapidcheck.h>
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -37,7 +37,7 @@ int run_cli(const std::vector<std::string>& args) {
   CLI::App app{"ckcheck: tells whether gradient checkpointing is correct and worth it for a model, "
                "before the GPU time is spent.\nRun `ckcheck COMMAND --help` for a command's options."};
   app.name("ckcheck");
-  app.set_version_flag("--version", "ckcheck " + ckcheck_version());
+  app.set_version_flag("--version", version_text());
   app.require_subcommand(1, 1);
 
   set_command_line(args);

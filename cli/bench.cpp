@@ -1,6 +1,7 @@
 #include "cli/bench.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <chrono>

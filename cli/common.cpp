@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 #include <unistd.h>
 

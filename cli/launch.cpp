@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>

@@ -3,6 +3,7 @@
 #include "cli/list.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 

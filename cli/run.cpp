@@ -1,6 +1,7 @@
 #include "cli/run.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/cuda.h>
 
 #include <csignal>

@@ -1,7 +1,7 @@
 # One way to declare a ckcheck library, so every target compiles with the same flags and can reuse
 # the one precompiled header built for ckcheck_harness.
 function(ckcheck_target_defaults target)
-  target_compile_features(${target} PUBLIC cxx_std_17)
+  target_compile_features(${target} PUBLIC cxx_std_20)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
   if(CKCHECK_HAS_CUDA)
     target_compile_definitions(${target} PUBLIC CKCHECK_WITH_CUDA=1)

@@ -1,6 +1,7 @@
 #include "harness/compare.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <limits>

@@ -1,5 +1,5 @@
-// The one place where LibTorch 1.13 (Debian's, the default build) and LibTorch 2.x (the official
-// CUDA builds and pip torch) differ for ckcheck. Everything else in the tree is version-neutral.
+// The one place where ckcheck adapts to LibTorch's API. ckcheck is built and tested against pip
+// torch's LibTorch 2.13 and 2.14; older releases are refused here rather than half-supported.
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -8,59 +8,28 @@
 #include <c10/core/Allocator.h>
 #include <torch/version.h>
 
-#define CKCHECK_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) ||          \
-   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#include <cstring>
+#include <mutex>
+
+static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13),
+              "ckcheck needs LibTorch 2.13 or newer (pip torch); see the README");
 
 namespace ckcheck {
 namespace compat {
 
-// Autocast state. 2.4 replaced the CPU/GPU-named calls (is_cpu_enabled, get_autocast_gpu_dtype, ...)
-// with device-typed ones (is_autocast_enabled(kCPU), get_autocast_dtype(kCUDA), ...).
-inline bool autocast_enabled(c10::DeviceType device) {
-#if CKCHECK_TORCH_AT_LEAST(2, 4)
-  return at::autocast::is_autocast_enabled(device);
-#else
-  return device == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
-#endif
-}
-
+// Autocast state, per device type (the device-typed calls of LibTorch 2.4 and newer).
+inline bool autocast_enabled(c10::DeviceType device) { return at::autocast::is_autocast_enabled(device); }
 inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
-#if CKCHECK_TORCH_AT_LEAST(2, 4)
   at::autocast::set_autocast_enabled(device, enabled);
-#else
-  if (device == c10::kCPU) {
-    at::autocast::set_cpu_enabled(enabled);
-  } else {
-    at::autocast::set_enabled(enabled);
-  }
-#endif
 }
-
-inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
-#if CKCHECK_TORCH_AT_LEAST(2, 4)
-  return at::autocast::get_autocast_dtype(device);
-#else
-  return device == c10::kCPU ? at::autocast::get_autocast_cpu_dtype()
-                             : at::autocast::get_autocast_gpu_dtype();
-#endif
-}
-
+inline c10::ScalarType autocast_dtype(c10::DeviceType device) { return at::autocast::get_autocast_dtype(device); }
 inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
-#if CKCHECK_TORCH_AT_LEAST(2, 4)
   at::autocast::set_autocast_dtype(device, dtype);
-#else
-  if (device == c10::kCPU) {
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  } else {
-    at::autocast::set_autocast_gpu_dtype(dtype);
-  }
-#endif
 }
 
-// Generator state: get_state/set_state on at::Generator under its mutex in both versions; the CUDA
-// default generators are reached through the device-generic Context call, which also compiles (and
-// is never reached) in a CPU-only build.
+// Generator state, under the generator's mutex as at::Generator's users must; the CUDA default
+// generators are reached through the device-generic Context call, which also compiles (and is never
+// reached) in a CPU-only build.
 inline at::Tensor generator_state(at::Generator gen) {
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
@@ -77,14 +46,12 @@ inline bool cuda_device_initialised(int device) {
   return at::detail::getCUDAHooks().hasPrimaryContext(static_cast<c10::DeviceIndex>(device));
 }
 
-// c10::Allocator: 2.3 made allocate() non-const and added a pure virtual copy_data(). A subclass
-// derives from this shim and implements allocate_bytes(); both allocate() overloads are declared so
-// that whichever one the base class declares virtual is the one overridden.
+// c10::Allocator: allocate() is non-const and copy_data() pure virtual. A subclass implements
+// allocate_bytes().
 class AllocatorShim : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const { return allocate_bytes(n); }  // NOLINT: 1.13 signature
-  c10::DataPtr allocate(size_t n) { return allocate_bytes(n); }        // NOLINT: 2.3+ signature
-  void copy_data(void* dest, const void* src, std::size_t count) const {
+  c10::DataPtr allocate(size_t n) override { return allocate_bytes(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
 

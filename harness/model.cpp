@@ -31,12 +31,17 @@ std::vector<torch::Tensor> Model::site_buffers(const std::string& site) {
   return out;
 }
 
+NamedTensors Model::state_tensors() {
+  auto out = named_buffers();
+  for (auto& item : extra_state()) out.push_back(std::move(item));
+  return out;
+}
+
 ModelState Model::snapshot() {
   torch::NoGradGuard no_grad;
   ModelState s;
   for (auto& [name, t] : named_parameters()) s.tensors.emplace_back(name, t.detach().clone());
-  for (auto& [name, t] : named_buffers()) s.tensors.emplace_back(name, t.detach().clone());
-  for (auto& [name, t] : extra_state()) s.tensors.emplace_back(name, t.detach().clone());
+  for (auto& [name, t] : state_tensors()) s.tensors.emplace_back(name, t.detach().clone());
   return s;
 }
 

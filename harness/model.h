@@ -96,6 +96,10 @@ class Model {
   virtual void to(const torch::Device& device) = 0;
   virtual torch::Device device() const = 0;
 
+  /// The state a step may change besides the parameters: buffers and extra state, live (not
+  /// copies).
+  virtual NamedTensors state_tensors();
+
   /// A copy of all state, and putting it back. Extra state (extra_state()) is included.
   virtual ModelState snapshot();
   virtual void restore(const ModelState& state);

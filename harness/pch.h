@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 #include <torch/script.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>

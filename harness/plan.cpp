@@ -1,6 +1,7 @@
 #include "harness/plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <set>

@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <map>
@@ -434,11 +435,9 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
         record.tensors.push_back({fmt::format("input[{}]", i), "input-grad", step,
                                   xs[i].grad().defined() ? xs[i].grad().detach().clone() : Tensor()});
       }
-      for (const auto& [name, b] : model_.snapshot().tensors) {
-        // Parameters are covered by their gradients; buffers and extra state are the step's state.
-        bool is_param = false;
-        for (const auto& [pn, p] : params) is_param = is_param || pn == name;
-        if (!is_param) record.tensors.push_back({name, "buffer", step, b});
+      // Parameters are covered by their gradients; buffers and extra state are the step's state.
+      for (const auto& [name, b] : model_.state_tensors()) {
+        record.tensors.push_back({name, "buffer", step, b.detach().clone()});
       }
       if (step < config_.steps) {
         torch::NoGradGuard no_grad;

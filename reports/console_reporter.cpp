@@ -1,6 +1,7 @@
 // Console: a verdict line per check, the findings under it, the worst tensors, the verdict and
 // the command that reproduces the run. Colour only when asked (a terminal without NO_COLOR).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 

@@ -1,6 +1,7 @@
 // HTML: one self-contained page (inline CSS and SVG, no scripts, no server) that opens in any
 // browser.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "reports/report.h"
 #include "reports/sections.h"

@@ -1,5 +1,6 @@
 // Markdown: a summary for a CI job page (GitHub's step summary, a GitLab MR note).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 

@@ -1,6 +1,7 @@
 #include "reports/report.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -17,10 +18,27 @@ namespace ckcheck {
 
 std::string ckcheck_version() { return CKCHECK_VERSION; }
 
+BuildInfo build_info() {
+  BuildInfo b;
+  b.ckcheck = CKCHECK_VERSION;
+  b.libtorch = CKCHECK_LIBTORCH_VERSION;
+  b.cuda_version = CKCHECK_CUDA_VERSION;
+  b.cuda = !b.cuda_version.empty();
+  return b;
+}
+
+std::string version_text() {
+  const auto b = build_info();
+  return fmt::format("ckcheck {}\nbuilt against LibTorch {}; CUDA support {}", b.ckcheck, b.libtorch,
+                     b.cuda ? "compiled in (CUDA " + b.cuda_version + ")" : "not compiled in (CPU only)");
+}
+
 nlohmann::json report_json(const Report& r) {
   nlohmann::json j;
   j["tool"] = "ckcheck";
   j["version"] = ckcheck_version();
+  const auto b = build_info();
+  j["build"] = {{"ckcheck", b.ckcheck}, {"libtorch", b.libtorch}, {"cuda", b.cuda}, {"cuda_version", b.cuda_version}};
   j["command"] = r.command;
   j["verdict"] = r.verdict;
   j["model"] = {{"name", r.model.name},       {"options", r.model.options},

@@ -40,6 +40,17 @@ struct Report {
 /// The tool's version string.
 std::string ckcheck_version();
 
+/// What this ckcheck was built against: LibTorch's version and whether CUDA support is compiled in.
+struct BuildInfo {
+  std::string ckcheck;       ///< ckcheck's own version, e.g. "0.2.0"
+  std::string libtorch;      ///< the LibTorch it was compiled against, e.g. "2.14.1"
+  bool cuda = false;         ///< CUDA support compiled in
+  std::string cuda_version;  ///< the CUDA toolkit, e.g. "13.0"; empty without CUDA
+};
+BuildInfo build_info();
+/// The text of `ckcheck --version`.
+std::string version_text();
+
 /// The report as the JSON contract describes it (fields may be added, never renamed).
 nlohmann::json report_json(const Report& report);
 

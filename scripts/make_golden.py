@@ -11,7 +11,11 @@ import sys
 FLOAT = re.compile(r'(?<![\w.])-?(?:\d+\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+|\d{2,})(?![\w.])')
 VERSION = re.compile(r'(ckcheck |"version": ")\d+\.\d+\.\d+')
 
+# What the build was made against differs between machines.
+BUILD = re.compile(r'^(\s*"(?:ckcheck|libtorch|cuda|cuda_version)": ).*?(,?)$')
+
 def convert(line):
+    line = BUILD.sub(lambda m: m.group(1) + '{{any}}' + m.group(2), line.rstrip('\n')) + '\n'
     line = VERSION.sub(lambda m: m.group(1) + '{{any}}', line)
     line = re.sub(r'("seconds": )[^,\n]+', r'\1{{num}}', line)
     line = re.sub(r'(time=")[^"]*(")', r'\1{{num}}\2', line)

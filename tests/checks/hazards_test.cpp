@@ -4,6 +4,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "checks/check.h"
 #include "fixtures/registry.h"

@@ -1,5 +1,7 @@
 // validate-op tells the four test ops apart: clean (safe), stateful, mutating an unannotated
 // input, and drawing random numbers from the default generator (safe with the RNG replayed).
+#include <fmt/ranges.h>
+
 #include "checks/validate_op.h"
 
 #include <gtest/gtest.h>

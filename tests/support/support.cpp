@@ -1,6 +1,7 @@
 #include "tests/support/support.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include "ckcheck_test_paths.h"

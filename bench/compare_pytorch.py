@@ -1,27 +1,36 @@
 #!/usr/bin/env python3
-"""ckcheck's checkpoint against PyTorch's torch.utils.checkpoint, on the same transformer.
+"""ckcheck's checkpoint against PyTorch's, on the same transformer, in one process.
 
-Both run on the same LibTorch (Debian's python3-torch is the libtorch-dev build), the same
-architecture and size, the same seed and thread count; memory is measured the same way in both
-(ckcheck's tracking CPU allocator, loaded into Python from libckcheck_pymemory.so). Reported as
-ratios from one run:
+Six ways to run a training step (forward and backward) of the same architecture, size, seed and
+thread count:
 
-    python3 bench/compare_pytorch.py --ckcheck build/ckcheck \\
-        --pymemory build/bench/libckcheck_pymemory.so --layers 4 --hidden 256 --heads 8 --seq 128 --batch 8
+  ckcheck none            ckcheck's C++ transformer fixture, nothing checkpointed
+  ckcheck every:1         ... every block under ckcheck::checkpoint
+  torch none              the same model written in Python, nothing checkpointed
+  torch reentrant         every block under torch.utils.checkpoint(use_reentrant=True)
+  torch non-reentrant     every block under torch.utils.checkpoint(use_reentrant=False)
+  torch SAC               non-reentrant, selective: the attention matmuls (aten.bmm) are saved,
+                          everything else recomputed (create_selective_checkpoint_contexts)
+
+ckcheck's step runs in this process through torch.ops.ckcheck_bench (libckcheck_pymemory.so), on
+the LibTorch of the imported torch; memory is measured the same way on both sides (ckcheck's
+tracking CPU allocator). After a warm-up of each, the measured steps run round-robin, one step of
+each way per round, in an order rotated every round, so that every way sees the same slice of the
+machine's load. Time ratios are paired per round and given with a 95% bootstrap interval.
+
+    .venv/bin/python bench/compare_pytorch.py --pymemory build/bench/libckcheck_pymemory.so
 """
 import argparse
-import json
+import functools
 import math
-import os
+import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 
 class Attention(nn.Module):
@@ -69,6 +78,11 @@ class Block(nn.Module):
         return x + self.ffn(x)
 
 
+def save_attention_matmuls(ctx, op, *args, **kwargs):
+    """SAC policy: keep the outputs of attention's batched matmuls, recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.bmm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+
 class Transformer(nn.Module):
     def __init__(self, a):
         super().__init__()
@@ -78,59 +92,62 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(a.hidden)
         self.head = nn.Linear(a.hidden, a.vocab)
 
-    def forward(self, ids, checkpointed):
+    def forward(self, ids, mode):
         x = self.embed(ids) + self.pos
         for block in self.blocks:
-            x = checkpoint(block, x) if checkpointed else block(x)
+            if mode == "none":
+                x = block(x)
+            elif mode == "reentrant":
+                x = checkpoint(block, x, use_reentrant=True)
+            elif mode == "non-reentrant":
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                context = functools.partial(create_selective_checkpoint_contexts, save_attention_matmuls)
+                x = checkpoint(block, x, use_reentrant=False, context_fn=context)
         return self.head(self.ln_f(x))
 
 
-def measure_python(a, checkpointed):
-    torch.manual_seed(a.seed)
-    model = Transformer(a).train()
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)  # gradients live across steps, as in ckcheck bench
-    ids = torch.randint(a.vocab, (a.batch, a.seq))
-    mem = torch.ops.ckcheck_memory
-    upstream = None
-    times, peak = [], 0
-    for i in range(a.warmup + a.steps):
-        for p in model.parameters():
-            p.grad.zero_()
+class TorchSide:
+    """The Python model; one call is one training step, returning (seconds, peak bytes)."""
+
+    def __init__(self, a):
+        torch.manual_seed(a.seed)
+        self.model = Transformer(a).train()
+        self.ids = torch.randint(a.vocab, (a.batch, a.seq))
+        self.upstream = None
+
+    def step(self, mode):
+        mem = torch.ops.ckcheck_memory
+        params = list(self.model.parameters())
+        for p in params:
+            p.grad = torch.zeros_like(p)  # gradients live across steps, as in ckcheck bench
         mem.reset_peak()
         before = mem.current_bytes()
         t0 = time.perf_counter()
-        out = model(ids, checkpointed)
-        if upstream is None:
-            upstream = torch.randn(out.shape)
-        out.backward(upstream)
+        out = self.model(self.ids, mode)
+        if self.upstream is None:
+            self.upstream = torch.randn(out.shape)
+        out.backward(self.upstream)
         elapsed = time.perf_counter() - t0
+        peak = mem.peak_bytes() - before
         del out
-        if i >= a.warmup:
-            times.append(elapsed)
-            peak = max(peak, mem.peak_bytes() - before)
-    return statistics.median(times), peak
+        for p in params:
+            p.grad = None
+        return elapsed, peak
 
 
-def measure_ckcheck(a):
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bench.json")
-        cmd = [a.ckcheck, "bench", "--model", "transformer", "--layers", str(a.layers), "--hidden", str(a.hidden),
-               "--heads", str(a.heads), "--seq", str(a.seq), "--batch", str(a.batch), "--vocab", str(a.vocab),
-               "--dropout", str(a.dropout), "--seed", str(a.seed), "--policies", "none,every:1",
-               "--steps", str(a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
-               "--report", "json=" + path]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        with open(path) as f:
-            report = json.load(f)
-    by = {p["policy"]: p for p in report["policies"]}
-    return {k: (by[k]["time_median_s"], by[k]["peak_bytes"]) for k in ("none", "every:1")}
+def paired_ratio(num, den, resamples=2000, seed=0):
+    """Geometric mean of per-round ratios num[i]/den[i], with a 95% bootstrap interval."""
+    logs = [math.log(n / d) for n, d in zip(num, den)]
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(resamples))
+    low, high = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+    return math.exp(statistics.fmean(logs)), math.exp(low), math.exp(high)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckcheck", required=True, help="the ckcheck binary")
-    p.add_argument("--pymemory", required=True, help="libckcheck_pymemory.so")
+    p.add_argument("--pymemory", required=True, help="build/bench/libckcheck_pymemory.so")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=8)
@@ -139,34 +156,58 @@ def main():
     p.add_argument("--vocab", type=int, default=1000)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=10, help="measured steps of each way, interleaved")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps of each way first")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     a = p.parse_args()
+    if a.rounds < 2 or a.warmup < 0 or a.threads < 1:
+        p.error("--rounds must be at least 2, --warmup at least 0, --threads at least 1")
     torch.ops.load_library(a.pymemory)
     torch.set_num_threads(a.threads)
 
-    cpp = measure_ckcheck(a)
-    py = {"none": measure_python(a, False), "every:1": measure_python(a, True)}
-    mib = 1 << 20
+    session = torch.ops.ckcheck_bench.make_transformer(a.layers, a.hidden, a.heads, a.seq, a.batch, a.vocab,
+                                                      a.dropout, a.seed)
+    py = TorchSide(a)
+    ways = {
+        "ckcheck none": lambda: torch.ops.ckcheck_bench.step(session, "none"),
+        "ckcheck every:1": lambda: torch.ops.ckcheck_bench.step(session, "every:1"),
+        "torch none": lambda: py.step("none"),
+        "torch reentrant": lambda: py.step("reentrant"),
+        "torch non-reentrant": lambda: py.step("non-reentrant"),
+        "torch SAC (attention matmuls saved)": lambda: py.step("sac"),
+    }
+    names = list(ways)
+    for name in names:
+        for _ in range(a.warmup):
+            ways[name]()
+    times = {n: [] for n in names}
+    peaks = {n: 0 for n in names}
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            seconds, peak = ways[name]()
+            times[name].append(seconds)
+            peaks[name] = max(peaks[name], peak)
 
-    def row(name, c, q, fmt):
-        return f"| {name} | {fmt(c)} | {fmt(q)} | {c / q:.2f} |"
-
-    ms = lambda s: f"{s * 1e3:.1f} ms"
-    mb = lambda b: f"{b / mib:.1f} MiB"
-    ratio = lambda x: f"{x:.2f}"
-    print(f"transformer: {a.layers} layers, hidden {a.hidden}, {a.heads} heads, seq {a.seq}, batch {a.batch}; "
-          f"torch {torch.__version__}, {a.threads} threads, median of {a.steps} steps after {a.warmup}")
+    mib = float(1 << 20)
+    print(f"transformer: {a.layers} layers, hidden {a.hidden}, {a.heads} heads, seq {a.seq}, batch {a.batch}, "
+          f"dropout {a.dropout}; torch {torch.__version__}, {a.threads} threads; {a.rounds} rounds interleaved "
+          f"after {a.warmup} warm-up steps each; wall-clock time (time.perf_counter), peak CPU bytes above the "
+          f"step's start (ckcheck's tracking allocator)")
     print()
-    print("| | ckcheck::checkpoint (C++) | torch.utils.checkpoint (Python) | C++ / Python |")
-    print("|---|---|---|---|")
-    print(row("step time, none", cpp["none"][0], py["none"][0], ms))
-    print(row("step time, every:1", cpp["every:1"][0], py["every:1"][0], ms))
-    print(row("every:1 / none, time", cpp["every:1"][0] / cpp["none"][0], py["every:1"][0] / py["none"][0], ratio))
-    print(row("peak above baseline, none", cpp["none"][1], py["none"][1], mb))
-    print(row("peak above baseline, every:1", cpp["every:1"][1], py["every:1"][1], mb))
-    print(row("every:1 / none, peak", cpp["every:1"][1] / cpp["none"][1], py["every:1"][1] / py["none"][1], ratio))
+    print("| way | median step | time / its side's none [95% CI] | peak memory | peak / its side's none |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        base = "ckcheck none" if name.startswith("ckcheck") else "torch none"
+        ratio, low, high = paired_ratio(times[name], times[base])
+        print(f"| {name} | {statistics.median(times[name]) * 1e3:.1f} ms | {ratio:.2f} [{low:.2f}, {high:.2f}] | "
+              f"{peaks[name] / mib:.1f} MiB | {peaks[name] / peaks[base]:.2f} |")
+    print()
+    print("| ckcheck every:1 against | time ratio [95% CI] | peak ratio |")
+    print("|---|---|---|")
+    for other in ("torch reentrant", "torch non-reentrant", "torch SAC (attention matmuls saved)"):
+        ratio, low, high = paired_ratio(times["ckcheck every:1"], times[other])
+        print(f"| {other} | {ratio:.2f} [{low:.2f}, {high:.2f}] | {peaks['ckcheck every:1'] / peaks[other]:.2f} |")
     return 0
 
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 
 #include <atomic>
 #include <optional>
@@ -37,6 +38,8 @@ struct CheckpointState : torch::CustomClassHolder {
   bool dummy = false;     // a trailing zero-size input that requires grad follows them
   std::vector<Tensor> inputs;
   std::vector<int64_t> versions;
+  // Each forward output's shape and dtype: the recompute must reproduce them.
+  std::vector<std::pair<std::vector<int64_t>, c10::ScalarType>> output_meta;
   std::optional<RngState> rng;
   AutocastState autocast;
   bool consumed = false;
@@ -106,6 +109,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       if (!out.is_floating_point() && !out.is_complex()) non_differentiable.push_back(out);
     }
     ctx->mark_non_differentiable(non_differentiable);
+    for (const auto& out : outputs) s.output_meta.emplace_back(out.sizes().vec(), out.scalar_type());
 
     s.inputs = std::move(inputs);
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
@@ -120,6 +124,20 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                 ": backward ran a second time through the same checkpoint; the checkpoint "
                 "releases its inputs after the first backward, so run the forward again for each "
                 "backward (retain_graph=true is not supported)");
+    // The recompute runs a nested backward over the whole recomputed graph, which accumulates
+    // into every parameter inside the function. That is the step's ordinary backward, but not
+    // what grad() or backward(inputs=...) asked for: refuse those before anything is computed, as
+    // torch.utils.checkpoint(use_reentrant=True) does, rather than fill .grad behind their back.
+    TORCH_CHECK(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(), where(s.call),
+                ": torch::autograd::grad() and backward(inputs=...) are not supported through a "
+                "checkpoint (its recompute would also fill .grad of every parameter inside); call "
+                "backward() on the loss with no inputs, or leave this segment un-checkpointed");
+    // Under create_graph the gradients would have to carry a graph back to the caller's inputs;
+    // the recompute starts from detached copies of them, so refuse instead of returning
+    // gradients whose second derivative is silently missing.
+    TORCH_CHECK(!torch::GradMode::is_enabled(), where(s.call),
+                ": double backward (create_graph=true) is not supported through a checkpoint; "
+                "compute higher-order gradients without checkpointing this segment");
     s.consumed = true;
     const auto& observer = s.options.observer();
     std::vector<Tensor> detached;
@@ -193,6 +211,16 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                 ": the recompute returned ", outputs.size(), " outputs but the forward returned ",
                 grad_outputs.size(), "; the checkpointed function must return the same outputs "
                 "each time it runs");
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const auto& [sizes, dtype] = s.output_meta[i];
+      // recompute_fp32 widens low-precision outputs on purpose; their shapes must still agree.
+      const bool widened = s.options.recompute_fp32() && outputs[i].scalar_type() == torch::kFloat;
+      TORCH_CHECK(outputs[i].sizes().vec() == sizes && (widened || outputs[i].scalar_type() == dtype),
+                  where(s.call), ": the recompute's output ", i, " is ", outputs[i].scalar_type(),
+                  outputs[i].sizes(), " but the forward's was ", dtype, c10::IntArrayRef(sizes),
+                  "; the checkpointed function must compute the same thing each time it runs (does it "
+                  "read state the forward changed?)");
+    }
     std::vector<Tensor> roots, grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].requires_grad() && grad_outputs[i].defined()) {

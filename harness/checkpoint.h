@@ -8,6 +8,16 @@
 // gradients when no input requires grad, and it refuses, with a clear error, what it cannot do
 // correctly: an input changed in place, a second backward, a non-tensor output.
 //
+// What backward may ask for. The recompute back-propagates through the whole recomputed graph,
+// so it serves the ordinary training backward: `loss.backward()` or
+// `torch::autograd::backward({loss})`. It refuses, before recomputing anything:
+//   - torch::autograd::grad(...) and backward(..., inputs={...}): the nested backward would fill
+//     .grad of every parameter inside the function, which neither call may touch (PyTorch's
+//     reentrant checkpoint refuses these too; its non-reentrant one supports them);
+//   - double backward (create_graph=true): the recompute starts from detached inputs, so the
+//     gradients could not carry a graph back to them.
+// The refusal is a c10::Error whose first line names the checkpoint and the way out.
+//
 //   #include <ckcheck/checkpoint.h>   // or "harness/checkpoint.h" inside the tree
 //   auto y = ckcheck::checkpoint([&](const torch::Tensor& x) { return block->forward(x); }, x);
 #pragma once

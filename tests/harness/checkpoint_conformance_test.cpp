@@ -1,0 +1,289 @@
+// The behaviours PyTorch's own checkpoint tests pin down, as ckcheck::checkpoint must keep them:
+// each compares a checkpointed computation with the same computation under plain autograd, or
+// with the refusal the checkpoint documents (checkpoint.h, "What backward may ask for").
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "harness/checkpoint.h"
+#include "harness/memory.h"
+#include "tests/support/support.h"
+
+namespace ckcheck {
+namespace {
+
+using testing::error_of;
+using torch::Tensor;
+
+class Conformance : public testing::SeededTest {};
+
+// A small function with parameters: tanh(lin(x)) * 2.
+struct Net {
+  mutable torch::nn::Linear lin{torch::nn::LinearOptions(6, 6)};
+  Tensor operator()(const Tensor& x) const { return torch::tanh(lin(x)) * 2; }
+  std::vector<Tensor> grads() const {
+    std::vector<Tensor> g;
+    for (const auto& p : lin->parameters()) g.push_back(p.grad());
+    return g;
+  }
+  void zero() { lin->zero_grad(); }
+};
+
+Tensor via_checkpoint(const Net& net, const Tensor& x) {
+  return checkpoint([&net](const Tensor& t) { return net(t); }, x);
+}
+
+TEST_F(Conformance, GradOfAnInputIsRefusedAndNoGradIsFilled) {
+  Net net;
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  // Negative control: plain autograd::grad gives x's gradient and leaves every .grad alone.
+  auto plain_g = torch::autograd::grad({net(x).sum()}, {x})[0];
+  ASSERT_TRUE(plain_g.defined());
+  for (const auto& g : net.grads()) EXPECT_FALSE(g.defined());
+
+  auto y = via_checkpoint(net, x);
+  const auto message = error_of([&] { torch::autograd::grad({y.sum()}, {x}); });
+  EXPECT_NE(message.find("autograd::grad() and backward(inputs=...) are not supported"), std::string::npos)
+      << message;
+  for (const auto& g : net.grads()) EXPECT_FALSE(g.defined()) << "a refused grad() filled a parameter's .grad";
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST_F(Conformance, BackwardWithInputsIsRefusedAndNoGradIsFilled) {
+  Net net;
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  net(x).sum().backward({}, false, false, {x});  // negative control: plain fills x only
+  EXPECT_TRUE(x.grad().defined());
+  for (const auto& g : net.grads()) EXPECT_FALSE(g.defined());
+  x.mutable_grad() = Tensor();
+
+  auto y = via_checkpoint(net, x);
+  const auto message = error_of([&] { y.sum().backward({}, false, false, {x}); });
+  EXPECT_NE(message.find("backward(inputs=...) are not supported"), std::string::npos) << message;
+  for (const auto& g : net.grads()) EXPECT_FALSE(g.defined());
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST_F(Conformance, AfterARefusalAnOrdinaryBackwardStillMatchesPlain) {
+  Net net;
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  net(x).sum().backward();
+  const auto want = net.grads();
+  const auto want_x = x.grad().clone();
+  net.zero();
+  x.mutable_grad() = Tensor();
+  auto y = via_checkpoint(net, x).sum();
+  EXPECT_FALSE(error_of([&] { torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true); }).empty());
+  y.backward();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TENSORS_EQUAL(net.grads()[i], want[i]);
+  EXPECT_TENSORS_EQUAL(x.grad(), want_x);
+}
+
+TEST_F(Conformance, DoubleBackwardIsRefused) {
+  Net net;
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  // Negative control: plain autograd supports it.
+  auto g = torch::autograd::grad({net(x).sum()}, {x}, {}, true, /*create_graph=*/true)[0];
+  EXPECT_TRUE(g.requires_grad());
+  auto y = via_checkpoint(net, x);
+  const auto message = error_of([&] { y.sum().backward({}, true, /*create_graph=*/true); });
+  EXPECT_NE(message.find("double backward (create_graph=true) is not supported"), std::string::npos) << message;
+}
+
+TEST_F(Conformance, OnlySomeOutputsUsedByTheLoss) {
+  torch::nn::Linear lin(6, 6);
+  auto f = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{lin(in[0]), torch::sin(in[0])}; };
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  f({x})[0].sum().backward();
+  const auto want_w = lin->weight.grad().clone();
+  const auto want_x = x.grad().clone();
+  lin->zero_grad();
+  x.mutable_grad() = Tensor();
+  checkpoint(f, {x})[0].sum().backward();
+  EXPECT_TENSORS_EQUAL(lin->weight.grad(), want_w);
+  EXPECT_TENSORS_EQUAL(x.grad(), want_x);
+}
+
+TEST_F(Conformance, InputsOfWhichNoneSomeOrAllRequireGrad) {
+  for (int mask = 0; mask < 4; ++mask) {
+    torch::nn::Linear lin(6, 6);
+    auto make = [&](int bit) { return torch::randn({3, 6}).requires_grad_((mask >> bit) & 1); };
+    auto a = make(0), b = make(1);
+    auto f = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{lin(in[0] * in[1])}; };
+    f({a, b})[0].sum().backward();
+    const auto want_w = lin->weight.grad().clone();
+    const auto want_a = a.grad().defined() ? a.grad().clone() : Tensor();
+    lin->zero_grad();
+    a.mutable_grad() = Tensor();
+    checkpoint(f, {a, b})[0].sum().backward();
+    EXPECT_TENSORS_EQUAL(lin->weight.grad(), want_w) << "mask " << mask;
+    EXPECT_EQ(a.grad().defined(), want_a.defined()) << "mask " << mask;
+    if (want_a.defined()) EXPECT_TENSORS_EQUAL(a.grad(), want_a);
+  }
+}
+
+TEST_F(Conformance, NonFloatingInputsAndOutputs) {
+  torch::nn::Embedding embed(10, 4);
+  auto ids = torch::randint(10, {5}, torch::kLong);
+  auto f = [&](const std::vector<Tensor>& in) {
+    auto e = embed(in[0]);
+    return std::vector<Tensor>{e, e.argmax(1)};
+  };
+  f({ids})[0].sum().backward();
+  const auto want = embed->weight.grad().clone();
+  embed->zero_grad();
+  auto outs = checkpoint(f, {ids});
+  EXPECT_FALSE(outs[1].is_floating_point());
+  EXPECT_FALSE(outs[1].requires_grad());
+  outs[0].sum().backward();
+  EXPECT_TENSORS_EQUAL(embed->weight.grad(), want);
+}
+
+TEST_F(Conformance, AnInputReturnedUnchanged) {
+  auto f = [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0], in[0] * 3}; };
+  auto x = torch::randn({4}, torch::requires_grad());
+  auto plain = f({x});
+  (plain[0] * 2 + plain[1]).sum().backward();
+  const auto want = x.grad().clone();
+  x.mutable_grad() = Tensor();
+  auto outs = checkpoint(f, {x});
+  EXPECT_NE(outs[0].unsafeGetTensorImpl(), x.unsafeGetTensorImpl()) << "an input handed back must not alias it";
+  (outs[0] * 2 + outs[1]).sum().backward();
+  EXPECT_TENSORS_EQUAL(x.grad(), want);
+}
+
+TEST_F(Conformance, NestedCheckpoints) {
+  Net inner, outer;
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  outer(inner(x)).sum().backward();
+  const auto want_in = inner.grads(), want_out = outer.grads();
+  const auto want_x = x.grad().clone();
+  inner.zero();
+  outer.zero();
+  x.mutable_grad() = Tensor();
+  auto y = checkpoint([&](const Tensor& t) { return outer(via_checkpoint(inner, t)); }, x);
+  y.sum().backward();
+  for (size_t i = 0; i < want_in.size(); ++i) EXPECT_TENSORS_EQUAL(inner.grads()[i], want_in[i]);
+  for (size_t i = 0; i < want_out.size(); ++i) EXPECT_TENSORS_EQUAL(outer.grads()[i], want_out[i]);
+  EXPECT_TENSORS_EQUAL(x.grad(), want_x);
+}
+
+// A custom autograd Function inside the checkpointed function: y = x^3 with a hand-written backward.
+struct Cube : torch::autograd::Function<Cube> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x) {
+    ctx->save_for_backward({x});
+    return x * x * x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    auto x = ctx->get_saved_variables()[0];
+    return {g[0] * 3 * x * x};
+  }
+};
+
+TEST_F(Conformance, CustomAutogradFunctionInside) {
+  Net net;
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  Cube::apply(net(x)).sum().backward();
+  const auto want = net.grads();
+  const auto want_x = x.grad().clone();
+  net.zero();
+  x.mutable_grad() = Tensor();
+  checkpoint([&](const Tensor& t) { return Cube::apply(net(t)); }, x).sum().backward();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TENSORS_EQUAL(net.grads()[i], want[i]);
+  EXPECT_TENSORS_EQUAL(x.grad(), want_x);
+}
+
+TEST_F(Conformance, SequentialWithOneModuleAndOneSegment) {
+  for (const auto& [modules, segments] : std::vector<std::pair<int, int>>{{1, 1}, {4, 1}, {4, 4}, {5, 2}}) {
+    torch::nn::Sequential seq;
+    for (int i = 0; i < modules; ++i) seq->push_back(torch::nn::Linear(5, 5));
+    auto x = torch::randn({2, 5}, torch::requires_grad());
+    seq->forward(x).sum().backward();
+    std::vector<Tensor> want;
+    for (const auto& p : seq->parameters()) want.push_back(p.grad().clone());
+    const auto want_x = x.grad().clone();
+    seq->zero_grad();
+    x.mutable_grad() = Tensor();
+    checkpoint_sequential(seq, segments, x).sum().backward();
+    const auto params = seq->parameters();
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_TENSORS_EQUAL(params[i].grad(), want[i]) << modules << " modules, " << segments << " segments";
+    EXPECT_TENSORS_EQUAL(x.grad(), want_x);
+  }
+}
+
+TEST_F(Conformance, SequentialWithMoreSegmentsThanModulesIsRefused) {
+  // torch.utils.checkpoint.checkpoint_sequential fails here with a bare range() error.
+  torch::nn::Sequential seq(torch::nn::Linear(5, 5), torch::nn::Linear(5, 5));
+  auto x = torch::randn({2, 5}, torch::requires_grad());
+  const auto message = error_of([&] { checkpoint_sequential(seq, 3, x); });
+  EXPECT_NE(message.find("segments must be between 1 and the number of modules (2), got 3"), std::string::npos)
+      << message;
+  EXPECT_EQ(error_of([&] { checkpoint_sequential(seq, 2, x); }), "");  // negative control
+}
+
+TEST_F(Conformance, ARecomputeOfAnotherShapeIsReported) {
+  int calls = 0;
+  auto f = [&](const Tensor& x) { return ++calls == 1 ? x * 2 : torch::cat({x, x}) * 2; };
+  auto x = torch::randn({3}, torch::requires_grad());
+  auto y = checkpoint(f, x);
+  const auto message = error_of([&] { y.sum().backward(); });
+  EXPECT_NE(message.find("the recompute's output 0 is"), std::string::npos) << message;
+  // Negative control: the same function computing the same shape both times is accepted.
+  calls = 5;
+  auto same = [&](const Tensor& t) { return torch::cat({t, t}) * 2; };
+  EXPECT_EQ(error_of([&] { checkpoint(same, x).sum().backward(); }), "");
+}
+
+TEST_F(Conformance, ARecomputeWithAnotherOutputCountIsReported) {
+  int calls = 0;
+  auto f = [&](const std::vector<Tensor>& in) {
+    return ++calls == 1 ? std::vector<Tensor>{in[0] * 2} : std::vector<Tensor>{in[0] * 2, in[0]};
+  };
+  auto x = torch::randn({3}, torch::requires_grad());
+  auto y = checkpoint(f, {x});
+  EXPECT_NE(error_of([&] { y[0].sum().backward(); }).find("the recompute returned 2 outputs"), std::string::npos);
+}
+
+TEST_F(Conformance, ParameterHooksFireOncePerBackward) {
+  Net net;
+  int fires = 0;
+  net.lin->weight.register_hook([&fires](Tensor g) {
+    ++fires;
+    return g;
+  });
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  net(x).sum().backward();
+  EXPECT_EQ(fires, 1);  // negative control: plain fires once
+  fires = 0;
+  via_checkpoint(net, x).sum().backward();
+  EXPECT_EQ(fires, 1);
+}
+
+TEST_F(Conformance, ActivationsAreFreedBetweenForwardAndBackward) {
+  install_cpu_tracking_allocator();
+  auto& meter = MemoryMeter::of(torch::kCPU);
+  // Blocks whose inner activations (512 x 256) are four times their input and output (512 x 64).
+  std::vector<torch::nn::Sequential> blocks;
+  for (int i = 0; i < 4; ++i)
+    blocks.emplace_back(torch::nn::Linear(64, 256), torch::nn::Tanh(), torch::nn::Linear(256, 64), torch::nn::Tanh());
+  auto x = torch::randn({512, 64}, torch::requires_grad());
+  auto held_after_forward = [&](bool checkpointed) {
+    const auto before = meter.current_bytes();
+    Tensor h = x;
+    for (auto& b : blocks) {
+      h = checkpointed ? checkpoint([&b](const Tensor& t) { return b->forward(t); }, h) : b->forward(h);
+    }
+    const auto held = meter.current_bytes() - before;
+    h.sum().backward();
+    return held;
+  };
+  const auto plain = held_after_forward(false);
+  const auto checkpointed = held_after_forward(true);
+  EXPECT_GT(plain, 0);
+  // Plain keeps every block's activations; checkpointed only each block's output.
+  EXPECT_LT(checkpointed, plain / 4) << "plain " << plain << " B, checkpointed " << checkpointed << " B";
+}
+
+}  // namespace
+}  // namespace ckcheck

@@ -33,6 +33,8 @@ const char* cause_name(Cause cause) {
       return "too-fine";
     case Cause::kHookCount:
       return "hook-count";
+    case Cause::kGradApi:
+      return "grad-api";
   }
   return "";
 }
@@ -41,7 +43,8 @@ const std::vector<Cause>& all_causes() {
   static const std::vector<Cause> causes = {
       Cause::kRng,      Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
       Cause::kStateful, Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
-      Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount};
+      Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
+      Cause::kGradApi};
   return causes;
 }
 
@@ -90,6 +93,10 @@ std::string fix_hint(Cause cause) {
     case Cause::kHookCount:
       return "a reentrant checkpoint runs a backward per checkpointed call: checkpoint a shared "
              "module once per forward, or use DDP's static_graph=True or a non-reentrant checkpoint";
+    case Cause::kGradApi:
+      return "a reentrant checkpoint cannot serve autograd::grad or backward(inputs=): take that "
+             "gradient outside the checkpointed sites, or use a non-reentrant checkpoint "
+             "(torch.utils.checkpoint with use_reentrant=False)";
   }
   return "";
 }

@@ -30,6 +30,7 @@ enum class Cause {
   kNotEffective,      // not-effective: checkpointing does not lower peak memory
   kTooFine,           // too-fine: checkpointing costs more time than the stated bound
   kHookCount,         // hook-count: a gradient hook fires other than once (DDP's ready marking)
+  kGradApi,           // grad-api: the step takes autograd::grad or backward(inputs=) through a checkpoint
 };
 
 const char* cause_name(Cause cause);

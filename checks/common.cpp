@@ -52,7 +52,19 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
   Finding f;
   f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
   f.site = explained.empty() ? "" : explained.front().site;
-  f.message = message_prefix + ctx.records.checkpointed.error;
+  const auto& error = ctx.records.checkpointed.error;
+  // ckcheck::checkpoint's own refusal of grad()/backward(inputs=)/create_graph names its site.
+  const std::string refused = "ckcheck::checkpoint(";
+  if (error.find("are not supported through a checkpoint") != std::string::npos ||
+      error.find("double backward (create_graph=true) is not supported") != std::string::npos) {
+    f.cause = Cause::kGradApi;
+    const auto at = error.find(refused);
+    if (at != std::string::npos) {
+      const auto begin = at + refused.size();
+      f.site = error.substr(begin, error.find(')', begin) - begin);
+    }
+  }
+  f.message = message_prefix + error;
   add_finding(r, f);
   r.status = Status::kFail;
   r.summary = summary;

@@ -5,6 +5,7 @@
 
 #include "checks/common.h"
 #include "checks/evidence.h"
+#include "harness/text.h"
 
 namespace ckcheck {
 namespace {
@@ -32,13 +33,11 @@ class DeterminismCheck : public Check {
     }
     bool failed = false;
     size_t probed = 0;
+    std::string probe_error;  // a probe that could not run is no evidence of non-determinism
     for (const auto& p : *ctx.records.probes) {
       ++probed;
       if (!p.error.empty()) {
-        r.status = Status::kWarn;
-        add_finding(r, {Cause::kNonDeterministic, p.site, "",
-                        "the site could not be run again on its inputs: " + p.error,
-                        "check that the site can be called twice (the recompute calls it again)"});
+        if (probe_error.empty()) probe_error = fmt::format("{}: {}", p.site, first_line(p.error));
         continue;
       }
       if (p.repeat_equal) continue;
@@ -87,6 +86,11 @@ class DeterminismCheck : public Check {
       add_finding(r, f);
     }
     if (failed) r.status = Status::kFail;
+    if (r.findings.empty() && !probe_error.empty()) {
+      r.status = Status::kSkip;
+      r.summary = "the probe could not run the checkpointed units again (" + probe_error + ")";
+      return r;
+    }
     if (r.findings.empty()) {
       r.summary = probed == 0 ? "nothing is checkpointed"
                               : fmt::format("{} repeat identically", count_of(probed, "checkpointed unit"));

@@ -21,6 +21,10 @@ void setup_bench(CLI::App& app, int& exit_code) {
       "the fastest that fits, without it the knee of the memory-time curve. Warns when a policy "
       "costs over 50% time (checkpoints too fine) or when checkpointing saves under 10% (and says "
       "what fills memory instead).\n"
+      "Time is measured interleaved: after each policy's warm-up, one step of every policy per round, round "
+      "after round, so every policy sees the same load; time x none is the ratio paired per round with its 95% "
+      "interval, and policies whose intervals overlap are told apart on memory only. none is always measured, "
+      "as the reference.\n"
       "Example: ckcheck bench --model transformer --layers 8 --hidden 256 --seq 128 --policies "
       "none,every:1,every:2,every:4 --report html=bench.html");
   add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false);
@@ -28,10 +32,14 @@ void setup_bench(CLI::App& app, int& exit_code) {
                   "policies to measure, comma-separated (default: none, every:1, every:2, every:4, "
                   "segments:sqrt, sites:*.attn, sites:*.ffn -- those that apply to the model)")
       ->delimiter(',');
-  sub->add_option("--steps", o->steps, "measured steps per policy")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  sub->add_option("--steps", o->steps, "measured rounds (one step of each policy per round)")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{100000}));
   sub->add_option("--warmup", o->warmup, "unmeasured steps before them")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{100000}));
   sub->add_option("--memory-budget", o->memory_budget, "memory the step may use, as 8GiB or 512MiB: recommend the fastest policy that fits");
   sub->add_option("--max-overhead", o->max_overhead, "warn above this much extra step time (0.5 = +50%)")->capture_default_str();
+  sub->add_option("--time-budget", o->time_budget,
+                  "seconds of extra rounds allowed when a policy measures faster than none beyond the noise (it "
+                  "does more work, so the machine is noisy); past it only the memory verdict is given")
+      ->capture_default_str();
   sub->add_option("--threads", o->threads, "intra-op threads (default: LibTorch's)");
   sub->add_option("--report", o->reports,
                   "FORMAT or FORMAT=PATH, repeatable: console (default), json, markdown, html (with a memory-time chart), junit")
@@ -43,6 +51,7 @@ int run_bench_command(const BenchCliOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto targets = report_targets(o.reports);
   if (!(o.max_overhead > 0)) throw UsageError("--max-overhead must be above 0 (0.5 means +50%)");
+  if (!(o.time_budget >= 0 && o.time_budget <= 86400)) throw UsageError("--time-budget must be between 0 and 86400 seconds");
   if (o.threads < 0) throw UsageError("--threads must be positive");
   if (o.threads > 0) torch::set_num_threads(o.threads);
   BenchOptions options;
@@ -50,6 +59,7 @@ int run_bench_command(const BenchCliOptions& o) {
   options.steps = o.steps;
   options.warmup = o.warmup;
   options.max_overhead = o.max_overhead;
+  options.time_budget_s = o.time_budget;
   if (!o.memory_budget.empty()) options.memory_budget_bytes = parse_bytes(o.memory_budget);
   const bool bar = isatty(STDERR_FILENO) != 0;
   options.progress = [bar](size_t i, size_t n, const std::string& policy) {
@@ -85,13 +95,14 @@ int run_bench_command(const BenchCliOptions& o) {
   for (const auto& [key, value] : fields.items()) report.sections[key] = value;
   report.config = {{"policies", split_list(o.policies)}, {"steps", o.steps}, {"warmup", o.warmup},
                    {"seed", o.model.seed}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
-                   {"memory_budget", o.memory_budget}, {"max_overhead", o.max_overhead},
+                   {"memory_budget", o.memory_budget}, {"max_overhead", o.max_overhead}, {"time_budget", o.time_budget},
                    {"threads", torch::get_num_threads()}};
   std::string cmd = "ckcheck bench " + model_command_line(o.model, /*with_policy=*/false);
   if (!o.policies.empty()) cmd += " --policies " + shell_quote(fmt::format("{}", fmt::join(split_list(o.policies), ",")));
   cmd += fmt::format(" --steps {} --warmup {}", o.steps, o.warmup);
   if (!o.memory_budget.empty()) cmd += " --memory-budget " + shell_quote(o.memory_budget);
   if (o.max_overhead != 0.5) cmd += fmt::format(" --max-overhead {}", o.max_overhead);
+  if (o.time_budget != 60) cmd += fmt::format(" --time-budget {}", o.time_budget);
   if (o.threads > 0) cmd += fmt::format(" --threads {}", o.threads);
   report.reproduce = cmd;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -14,6 +14,7 @@ struct BenchCliOptions {
   int64_t warmup = 2;
   std::string memory_budget;
   double max_overhead = 0.5;
+  double time_budget = 60;
   int threads = 0;
   std::vector<std::string> reports;
 };

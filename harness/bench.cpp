@@ -3,10 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <random>
+#include <tuple>
 
 #include "harness/errors.h"
+#include "harness/memory.h"
 #include "harness/text.h"
 
 namespace ckcheck {
@@ -83,6 +88,170 @@ int64_t numel_of(const NamedTensors& tensors) {
 
 }  // namespace
 
+std::array<double, 3> paired_ratio(const std::vector<double>& num, const std::vector<double>& den) {
+  std::vector<double> logs;
+  for (size_t i = 0; i < std::min(num.size(), den.size()); ++i) {
+    if (num[i] > 0 && den[i] > 0) logs.push_back(std::log(num[i] / den[i]));
+  }
+  if (logs.empty()) return {1.0, 1.0, 1.0};
+  auto mean = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); };
+  std::mt19937_64 rng(0);
+  std::uniform_int_distribution<size_t> pick(0, logs.size() - 1);
+  constexpr int kResamples = 2000;
+  std::vector<double> means(kResamples);
+  std::vector<double> sample(logs.size());
+  for (auto& m : means) {
+    for (auto& x : sample) x = logs[pick(rng)];
+    m = mean(sample);
+  }
+  std::sort(means.begin(), means.end());
+  return {std::exp(mean(logs)), std::exp(means[kResamples / 40]), std::exp(means[kResamples - 1 - kResamples / 40])};
+}
+
+namespace {
+
+// A policy to measure: its plan, or why it does not apply.
+struct Entry {
+  std::string name;
+  std::optional<Plan> plan;
+  std::string why_not;
+};
+
+std::vector<Entry> bench_entries(const Model& model, const std::vector<std::string>& site_globs,
+                                 const BenchOptions& options) {
+  const bool given = !options.policies.empty();
+  auto names = given ? options.policies : default_bench_policies();
+  // none is the reference of every ratio: always measured, first.
+  if (std::find(names.begin(), names.end(), "none") == names.end()) names.insert(names.begin(), "none");
+  std::vector<Entry> entries;
+  for (const auto& name : names) {
+    try {
+      entries.push_back({name, Plan::make(model, site_globs, Policy::parse(name)), ""});
+    } catch (const UsageError& e) {
+      if (given) throw;  // a policy the user asked for must apply
+      entries.push_back({name, std::nullopt, std::string("not applicable: ") + e.what()});
+    }
+  }
+  return entries;
+}
+
+void append(Measurement& to, const Measurement& step) {
+  to.fits = to.fits && step.fits;
+  if (to.error.empty()) to.error = step.error;
+  to.baseline_bytes = std::max(to.baseline_bytes, step.baseline_bytes);
+  to.peak_bytes = std::max(to.peak_bytes, step.peak_bytes);
+  to.step_seconds.insert(to.step_seconds.end(), step.step_seconds.begin(), step.step_seconds.end());
+  to.forward_seconds.insert(to.forward_seconds.end(), step.forward_seconds.begin(), step.forward_seconds.end());
+  to.cpu_seconds.insert(to.cpu_seconds.end(), step.cpu_seconds.begin(), step.cpu_seconds.end());
+  to.instructions.insert(to.instructions.end(), step.instructions.begin(), step.instructions.end());
+}
+
+std::vector<double> as_doubles(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+// Medians, spread and the paired ratios against none, from the measurement so far.
+void summarise(PolicyBench& b, const PolicyBench& none) {
+  const auto& m = b.measurement;
+  b.fits = b.fits && m.fits;
+  if (m.step_seconds.empty()) return;
+  b.time_median_s = median(m.step_seconds);
+  b.time_min_s = *std::min_element(m.step_seconds.begin(), m.step_seconds.end());
+  b.time_max_s = *std::max_element(m.step_seconds.begin(), m.step_seconds.end());
+  b.forward_median_s = median(m.forward_seconds);
+  b.cpu_median_s = median(m.cpu_seconds);
+  const double mean = std::accumulate(m.step_seconds.begin(), m.step_seconds.end(), 0.0) / m.step_seconds.size();
+  double var = 0;
+  for (double t : m.step_seconds) var += (t - mean) * (t - mean);
+  b.time_spread = mean > 0 ? std::sqrt(var / m.step_seconds.size()) / mean : 0.0;
+  const auto& n = none.measurement;
+  std::tie(b.time_ratio, b.time_ratio_low, b.time_ratio_high) = std::tuple_cat(paired_ratio(m.step_seconds, n.step_seconds));
+  std::tie(b.cpu_ratio, b.cpu_ratio_low, b.cpu_ratio_high) = std::tuple_cat(paired_ratio(m.cpu_seconds, n.cpu_seconds));
+  b.instructions_ratio.reset();
+  if (!m.instructions.empty() && m.instructions.size() == n.instructions.size()) {
+    b.instructions_ratio = paired_ratio(as_doubles(m.instructions), as_doubles(n.instructions))[0];
+  }
+}
+
+// Policies that checkpoint something do strictly more work than none; faster beyond the noise
+// means the measurement, not the policy, is wrong.
+std::vector<std::string> faster_than_none(const std::vector<PolicyBench>& policies) {
+  std::vector<std::string> out;
+  for (const auto& p : policies) {
+    if (!p.checkpointed.empty() && !p.measurement.step_seconds.empty() && p.time_ratio_high < 1.0) out.push_back(p.policy);
+  }
+  return out;
+}
+
+std::string bench_clock_description(const torch::Device& device) {
+  const auto& counter = instruction_counter();
+  return fmt::format("time: {}; cpu: the process's CPU time (CLOCK_PROCESS_CPUTIME_ID, all threads); "
+                     "instructions: {}",
+                     device.is_cuda() ? "CUDA events around the step" : "wall clock (std::chrono::steady_clock)",
+                     counter.available() ? "retired by this process's threads started after counting began (perf_event_open)"
+                                         : "not counted: " + counter.why_not());
+}
+
+void measure_interleaved(Runner& runner, const std::vector<Entry>& entries, std::vector<size_t> active,
+                         const BenchOptions& options, BenchResult& r) {
+  auto plan_of = [&](size_t i) { return entries[i].plan->units.empty() ? nullptr : &*entries[i].plan; };
+  auto measure_once = [&](size_t i, int64_t warmup, int64_t steps) {
+    auto& b = r.policies[i];
+    const auto m = runner.measure(plan_of(i), warmup, steps);
+    append(b.measurement, m);
+    if (!m.error.empty() && b.note.empty()) b.note = m.error;
+    if (options.memory_budget_bytes >= 0 && m.baseline_bytes + m.peak_bytes > options.memory_budget_bytes) b.fits = false;
+    return m.error.empty();
+  };
+  // Warm-ups first; a policy whose step fails (or does not fit) drops out of the rounds.
+  const auto steps = static_cast<size_t>(options.steps);
+  if (options.progress) options.progress(0, steps, "warm-up");
+  std::vector<size_t> ok;
+  for (size_t i : active) {
+    if (measure_once(i, options.warmup, 0)) ok.push_back(i);
+  }
+  std::optional<size_t> none_index;
+  for (size_t i : ok) {
+    if (entries[i].plan->policy.kind == Policy::Kind::kNone) none_index = i;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  int64_t rounds = 0;
+  auto run_rounds = [&](int64_t n) {
+    for (int64_t k = 0; k < n && !ok.empty(); ++k, ++rounds) {
+      if (options.progress) options.progress(std::min(static_cast<size_t>(rounds), steps), steps, "interleaved rounds");
+      std::vector<size_t> failed;
+      for (size_t j = 0; j < ok.size(); ++j) {
+        const size_t i = ok[(j + static_cast<size_t>(rounds)) % ok.size()];
+        if (!measure_once(i, 0, 1)) failed.push_back(i);
+      }
+      for (size_t i : failed) ok.erase(std::find(ok.begin(), ok.end(), i));
+    }
+  };
+  auto summarise_all = [&] {
+    if (!none_index) return;
+    for (size_t i : active) summarise(r.policies[i], r.policies[*none_index]);
+  };
+  run_rounds(options.steps);
+  summarise_all();
+  // Faster than none beyond the noise: measure more rounds while the time budget lasts.
+  while (none_index && !faster_than_none(r.policies).empty() && elapsed() < options.time_budget_s) {
+    run_rounds(std::max<int64_t>(options.steps / 2, 2));
+    summarise_all();
+  }
+  const auto suspicious = faster_than_none(r.policies);
+  if (!suspicious.empty()) {
+    r.too_noisy = true;
+    r.warnings.push_back(fmt::format(
+        "{} measured faster than none beyond the noise although it does strictly more work, after {} rounds: the "
+        "machine is too noisy for a time verdict (other processes?); only the memory figures stand",
+        fmt::join(suspicious, ", "), rounds));
+  }
+  r.rounds = rounds;
+  for (const auto& p : r.policies) r.baseline_bytes = std::max(r.baseline_bytes, p.measurement.baseline_bytes);
+  if (options.progress) options.progress(steps, steps, "");
+}
+
+}  // namespace
+
 BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options) {
   auto& model = runner.model();
   const auto& config = runner.config();
@@ -100,149 +269,129 @@ BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs
   r.gradient_bytes = bytes_of(trainable);
   r.adam_state_bytes = 2 * 4 * numel_of(trainable);  // two fp32 moments per trainable parameter
   const int element_bytes = config.amp == Amp::kOff ? 4 : 2;
+  r.clock = bench_clock_description(config.device);
 
-  const bool given = !options.policies.empty();
-  const auto& names = given ? options.policies : default_bench_policies();
-  // Plans first, so a bad policy stops the command before anything is measured.
-  struct Entry {
-    std::string name;
-    std::optional<Plan> plan;
-    std::string why_not;
-  };
-  std::vector<Entry> entries;
-  size_t measurable = 0;
-  for (const auto& name : names) {
-    try {
-      entries.push_back({name, Plan::make(model, site_globs, Policy::parse(name)), ""});
-      ++measurable;
-    } catch (const UsageError& e) {
-      if (given) throw;  // a policy the user asked for must apply
-      entries.push_back({name, std::nullopt, std::string("not applicable: ") + e.what()});
-    }
-  }
-  size_t index = 0;
-  for (const auto& e : entries) {
+  const auto entries = bench_entries(model, site_globs, options);
+  std::vector<size_t> active;  // indices into entries and r.policies of the policies measured
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
     PolicyBench b;
     b.policy = e.plan ? e.plan->policy.text() : e.name;
-    if (!e.plan) {
-      b.note = e.why_not;
-      r.policies.push_back(b);
-      continue;
-    }
-    if (options.progress) options.progress(index, measurable, b.policy);
-    ++index;
-    b.checkpointed = e.plan->checkpointed();
-    b.analytic_bytes = analytic_activation_bytes(model, *e.plan, element_bytes);
-    b.measurement = runner.measure(e.plan->units.empty() ? nullptr : &*e.plan, options.warmup, options.steps);
-    const auto& m = b.measurement;
-    if (!m.error.empty()) b.note = m.error;
-    b.fits = m.fits;
-    if (!m.step_seconds.empty()) {
-      b.time_median_s = median(m.step_seconds);
-      b.time_min_s = *std::min_element(m.step_seconds.begin(), m.step_seconds.end());
-      b.time_max_s = *std::max_element(m.step_seconds.begin(), m.step_seconds.end());
-      b.forward_median_s = median(m.forward_seconds);
-      r.baseline_bytes = std::max(r.baseline_bytes, m.baseline_bytes);
-    }
-    if (options.memory_budget_bytes >= 0 && m.baseline_bytes + m.peak_bytes > options.memory_budget_bytes) {
-      b.fits = false;
+    b.note = e.why_not;
+    if (e.plan) {
+      b.checkpointed = e.plan->checkpointed();
+      b.analytic_bytes = analytic_activation_bytes(model, *e.plan, element_bytes);
+      active.push_back(i);
     }
     r.policies.push_back(b);
   }
-  if (options.progress) options.progress(index, measurable, "");
+  measure_interleaved(runner, entries, active, options, r);
   recommend(r);
   return r;
 }
 
-void recommend(BenchResult& r) {
-  const PolicyBench* none = nullptr;
-  std::vector<const PolicyBench*> measured;
-  for (const auto& p : r.policies) {
-    if (p.measurement.step_seconds.empty()) continue;
-    measured.push_back(&p);
-    if (p.policy == "none") none = &p;
+
+namespace {
+
+using Point = const PolicyBench*;
+
+double total_bytes(Point p) { return static_cast<double>(p->measurement.baseline_bytes + p->measurement.peak_bytes); }
+// a is faster than b beyond the noise: their ratio intervals do not overlap.
+bool faster(Point a, Point b) { return a->time_ratio_high < b->time_ratio_low; }
+
+void warn_too_fine(BenchResult& r, const std::vector<Point>& measured) {
+  for (const auto* p : measured) {
+    if (p->checkpointed.empty() || p->time_ratio - 1.0 <= r.max_overhead) continue;
+    r.warnings.push_back(fmt::format(
+        "{}: step time +{:.0f}% over none, more than {:.0f}%: the checkpoints are too fine (expect "
+        "20-40%); checkpoint less often (every:4) or only the modules with large activations",
+        p->policy, 100 * (p->time_ratio - 1.0), 100 * r.max_overhead));
   }
-  r.warnings.clear();
-  if (measured.empty()) {
-    r.reason = "no policy could be measured";
+}
+
+void warn_not_effective(BenchResult& r, const std::vector<Point>& measured, Point none) {
+  if (!none) return;
+  const auto* smallest = *std::min_element(measured.begin(), measured.end(), [](Point a, Point b) { return total_bytes(a) < total_bytes(b); });
+  const double saved = (total_bytes(none) - total_bytes(smallest)) / total_bytes(none);
+  if (smallest == none || saved >= 0.10) return;
+  std::vector<std::pair<double, std::string>> parts = {
+      {static_cast<double>(r.parameter_bytes), "parameters"},
+      {static_cast<double>(r.gradient_bytes), "gradients"},
+      {static_cast<double>(r.adam_state_bytes), "Adam's two fp32 moments (estimate)"},
+      {static_cast<double>(none->measurement.peak_bytes), "activations and temporaries"}};
+  std::sort(parts.rbegin(), parts.rend());
+  r.warnings.push_back(fmt::format(
+      "checkpointing saves {:.1f}% of the step's memory at best ({}): it is not effective here; "
+      "the largest part is {} ({}), then {} ({}); consider mixed precision or optimizer-state "
+      "sharding instead",
+      100 * saved, smallest->policy, parts[0].second, format_bytes(parts[0].first), parts[1].second,
+      format_bytes(parts[1].first)));
+}
+
+// The names of the points in `tied` other than `chosen`, for "time could not separate ..." notes.
+std::string others(const std::vector<Point>& tied, Point chosen) {
+  std::vector<std::string> names;
+  for (const auto* p : tied) {
+    if (p != chosen) names.push_back(p->policy);
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+void recommend_within_budget(BenchResult& r, const std::vector<Point>& measured, const std::vector<Point>& fitting) {
+  const auto budget = format_bytes(static_cast<double>(r.memory_budget_bytes));
+  if (fitting.empty()) {
+    const auto* smallest = *std::min_element(measured.begin(), measured.end(), [](Point a, Point b) { return total_bytes(a) < total_bytes(b); });
+    r.reason = fmt::format("no policy fits in {}: the smallest, {}, needs {}", budget, smallest->policy,
+                           format_bytes(total_bytes(smallest)));
+    r.warnings.push_back(r.reason);
     return;
   }
-  auto total = [](const PolicyBench* p) { return static_cast<double>(p->measurement.baseline_bytes + p->measurement.peak_bytes); };
-  auto overhead = [&](const PolicyBench* p) {
-    return none && none->time_median_s > 0 ? p->time_median_s / none->time_median_s - 1.0 : 0.0;
-  };
-
-  for (const auto* p : measured) {
-    if (p == none || !none) continue;
-    if (overhead(p) > r.max_overhead) {
-      r.warnings.push_back(fmt::format(
-          "{}: step time +{:.0f}% over none, more than {:.0f}%: the checkpoints are too fine (expect "
-          "20-40%); checkpoint less often (every:4) or only the modules with large activations",
-          p->policy, 100 * overhead(p), 100 * r.max_overhead));
-    }
-  }
-  if (none) {
-    const PolicyBench* smallest = *std::min_element(measured.begin(), measured.end(), [&](auto* a, auto* b) { return total(a) < total(b); });
-    const double saved = (total(none) - total(smallest)) / total(none);
-    if (smallest != none && saved < 0.10) {
-      const double activations = static_cast<double>(none->measurement.peak_bytes);
-      std::vector<std::pair<double, std::string>> parts = {
-          {static_cast<double>(r.parameter_bytes), "parameters"},
-          {static_cast<double>(r.gradient_bytes), "gradients"},
-          {static_cast<double>(r.adam_state_bytes), "Adam's two fp32 moments (estimate)"},
-          {activations, "activations and temporaries"}};
-      std::sort(parts.rbegin(), parts.rend());
-      r.warnings.push_back(fmt::format(
-          "checkpointing saves {:.1f}% of the step's memory at best ({}): it is not effective here; "
-          "the largest part is {} ({}), then {} ({}); consider mixed precision or optimizer-state "
-          "sharding instead",
-          100 * saved, smallest->policy, parts[0].second, format_bytes(parts[0].first), parts[1].second,
-          format_bytes(parts[1].first)));
-    }
-  }
-
-  std::vector<const PolicyBench*> fitting;
-  for (const auto* p : measured) {
-    if (p->fits) fitting.push_back(p);
-  }
-  if (r.memory_budget_bytes >= 0) {
-    if (fitting.empty()) {
-      const PolicyBench* smallest = *std::min_element(measured.begin(), measured.end(), [&](auto* a, auto* b) { return total(a) < total(b); });
-      r.recommendation.clear();
-      r.reason = fmt::format("no policy fits in {}: the smallest, {}, needs {}", format_bytes(static_cast<double>(r.memory_budget_bytes)),
-                             smallest->policy, format_bytes(total(smallest)));
-      r.warnings.push_back(r.reason);
-      return;
-    }
-    const auto* best = *std::min_element(fitting.begin(), fitting.end(), [](auto* a, auto* b) { return a->time_median_s < b->time_median_s; });
-    r.recommendation = best->policy;
-    r.reason = fmt::format("the fastest policy that fits in {} ({} needed)", format_bytes(static_cast<double>(r.memory_budget_bytes)),
-                           format_bytes(total(best)));
+  if (r.too_noisy) {
+    // Without a time verdict: the policy that fits with the least recomputation (the most memory).
+    const auto* pick = *std::max_element(fitting.begin(), fitting.end(), [](Point a, Point b) { return total_bytes(a) < total_bytes(b); });
+    r.recommendation = pick->policy;
+    r.reason = fmt::format("time could not be measured reliably; of the policies that fit in {}, the one that keeps the most "
+                           "activations (least recomputation)", budget);
     return;
   }
+  const auto* fastest = *std::min_element(fitting.begin(), fitting.end(), [](Point a, Point b) { return a->time_ratio < b->time_ratio; });
+  std::vector<Point> tied;
+  for (const auto* p : fitting) {
+    if (!faster(fastest, p)) tied.push_back(p);
+  }
+  const auto* best = *std::min_element(tied.begin(), tied.end(), [](Point a, Point b) { return total_bytes(a) < total_bytes(b); });
+  r.recommendation = best->policy;
+  r.reason = fmt::format("the fastest policy that fits in {} ({} needed)", budget, format_bytes(total_bytes(best)));
+  if (tied.size() > 1) {
+    r.reason += fmt::format("; time could not separate it from {} (within the measured noise), so the one using least memory",
+                            others(tied, best));
+  }
+}
 
-  // No budget: the knee of the memory-time curve, over the policies no other beats on both.
-  std::vector<const PolicyBench*> front;
+void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, Point none) {
+  // The policies no other beats on both memory and time (beyond the noise).
+  std::vector<Point> front;
   for (const auto* p : fitting) {
     bool dominated = false;
     for (const auto* q : fitting) {
-      dominated = dominated || (q != p && q->time_median_s <= p->time_median_s && total(q) <= total(p) &&
-                                (q->time_median_s < p->time_median_s || total(q) < total(p)));
+      const bool not_slower = !faster(p, q);
+      dominated = dominated || (q != p && not_slower && total_bytes(q) <= total_bytes(p) &&
+                                (faster(q, p) || total_bytes(q) < total_bytes(p)));
     }
     if (!dominated) front.push_back(p);
   }
-  if (front.empty()) front = fitting.empty() ? measured : fitting;
-  std::sort(front.begin(), front.end(), [](auto* a, auto* b) { return a->time_median_s < b->time_median_s; });
-  const PolicyBench* pick = front.front();
+  if (front.empty()) front = fitting;
+  std::sort(front.begin(), front.end(), [](Point a, Point b) { return a->time_ratio < b->time_ratio; });
+  const auto* pick = front.front();
   if (front.size() >= 3) {
-    const double t0 = front.front()->time_median_s, t1 = front.back()->time_median_s;
-    const double m0 = total(front.back()), m1 = total(front.front());
+    const double t0 = front.front()->time_ratio, t1 = front.back()->time_ratio;
+    const double m0 = total_bytes(front.back()), m1 = total_bytes(front.front());
     double best = std::numeric_limits<double>::infinity();
     for (const auto* p : front) {
       // Normalised, the front runs from (0, 1) (fastest) to (1, 0) (smallest); the knee lies
       // furthest below the line between them.
-      const double tn = t1 > t0 ? (p->time_median_s - t0) / (t1 - t0) : 0.0;
-      const double mn = m1 > m0 ? (total(p) - m0) / (m1 - m0) : 0.0;
+      const double tn = t1 > t0 ? (p->time_ratio - t0) / (t1 - t0) : 0.0;
+      const double mn = m1 > m0 ? (total_bytes(p) - m0) / (m1 - m0) : 0.0;
       if (tn + mn < best) {
         best = tn + mn;
         pick = p;
@@ -252,15 +401,49 @@ void recommend(BenchResult& r) {
   } else {
     // Two points or one: take the smaller one when it saves at least 10% within the overhead bound.
     const auto* small = front.back();
-    if (small != pick && none && overhead(small) <= r.max_overhead && (total(pick) - total(small)) >= 0.10 * total(pick)) {
+    if (small != pick && none && small->time_ratio - 1.0 <= r.max_overhead && total_bytes(pick) - total_bytes(small) >= 0.10 * total_bytes(pick)) {
+      r.reason = fmt::format("saves {:.0f}% of the step's memory for +{:.0f}% time", 100 * (1 - total_bytes(small) / total_bytes(pick)),
+                             100 * (small->time_ratio - 1.0));
       pick = small;
-      r.reason = fmt::format("saves {:.0f}% of the step's memory for +{:.0f}% time", 100 * (1 - total(small) / total(front.front())),
-                             100 * overhead(small));
     } else {
       r.reason = "no policy saves enough memory to pay for its time";
     }
   }
+  if (fitting.size() > front.size()) {
+    std::vector<Point> tied;
+    for (const auto* p : fitting) {
+      if (p != pick && !faster(p, pick) && !faster(pick, p) && total_bytes(p) >= total_bytes(pick)) tied.push_back(p);
+    }
+    if (!tied.empty()) r.reason += fmt::format("; time could not separate it from {}, which use at least as much memory", others(tied, nullptr));
+  }
   r.recommendation = pick->policy;
+}
+
+}  // namespace
+
+void recommend(BenchResult& r) {
+  Point none = nullptr;
+  std::vector<Point> measured, fitting;
+  for (const auto& p : r.policies) {
+    if (p.measurement.step_seconds.empty()) continue;
+    measured.push_back(&p);
+    if (p.checkpointed.empty() && p.policy == "none") none = &p;
+    if (p.fits) fitting.push_back(&p);
+  }
+  if (measured.empty()) {
+    r.reason = "no policy could be measured";
+    return;
+  }
+  if (!r.too_noisy) warn_too_fine(r, measured);
+  warn_not_effective(r, measured, none);
+  if (r.memory_budget_bytes >= 0) return recommend_within_budget(r, measured, fitting);
+  if (r.too_noisy) {
+    const auto* smallest = *std::min_element(measured.begin(), measured.end(), [](Point a, Point b) { return total_bytes(a) < total_bytes(b); });
+    r.reason = fmt::format("no recommendation: the machine was too noisy for a time verdict; on memory alone {} uses the least ({})",
+                           smallest->policy, format_bytes(total_bytes(smallest)));
+    return;
+  }
+  recommend_knee(r, fitting.empty() ? measured : fitting, none);
 }
 
 nlohmann::json bench_json(const BenchResult& r) {
@@ -273,6 +456,10 @@ nlohmann::json bench_json(const BenchResult& r) {
   j["memory_budget_bytes"] = r.memory_budget_bytes >= 0 ? nlohmann::json(r.memory_budget_bytes) : nlohmann::json(nullptr);
   j["max_overhead"] = r.max_overhead;
   j["analytic_formula"] = r.formula;
+  j["clock"] = r.clock;
+  j["rounds"] = r.rounds;
+  j["interleaved"] = true;
+  j["too_noisy"] = r.too_noisy;
   const PolicyBench* none = nullptr;
   for (const auto& p : r.policies) {
     if (p.policy == "none" && !p.measurement.step_seconds.empty()) none = &p;
@@ -289,12 +476,20 @@ nlohmann::json bench_json(const BenchResult& r) {
       pj["time_min_s"] = p.time_min_s;
       pj["time_max_s"] = p.time_max_s;
       pj["forward_median_s"] = p.forward_median_s;
+      pj["cpu_median_s"] = p.cpu_median_s;
+      pj["time_spread"] = p.time_spread;
       pj["steps"] = p.measurement.step_seconds.size();
       if (none) {
         pj["peak_ratio"] = none->measurement.peak_bytes > 0
                                ? static_cast<double>(p.measurement.peak_bytes) / none->measurement.peak_bytes
                                : 1.0;
-        pj["time_ratio"] = none->time_median_s > 0 ? p.time_median_s / none->time_median_s : 1.0;
+        pj["time_ratio"] = p.time_ratio;
+        pj["time_ratio_low"] = p.time_ratio_low;
+        pj["time_ratio_high"] = p.time_ratio_high;
+        pj["cpu_ratio"] = p.cpu_ratio;
+        pj["cpu_ratio_low"] = p.cpu_ratio_low;
+        pj["cpu_ratio_high"] = p.cpu_ratio_high;
+        pj["instructions_ratio"] = p.instructions_ratio ? nlohmann::json(*p.instructions_ratio) : nlohmann::json(nullptr);
         // How many forwards of the plain model the checkpointing costs (the recompute should
         // cost about one forward of the checkpointed sites).
         pj["extra_time_in_forwards"] = none->forward_median_s > 0

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <functional>
 #include <optional>
 #include <string>
@@ -22,6 +23,15 @@ struct PolicyBench {
   Measurement measurement;
   std::optional<double> analytic_bytes;  // activation memory the formula predicts
   double time_median_s = 0, time_min_s = 0, time_max_s = 0, forward_median_s = 0;
+  /// Step time against `none`'s, paired round by round: the geometric mean of the per-round
+  /// ratios and its 95% bootstrap interval (1, 1, 1 for none itself).
+  double time_ratio = 1, time_ratio_low = 1, time_ratio_high = 1;
+  /// Step-to-step spread of the wall-clock step time: standard deviation over mean.
+  double time_spread = 0;
+  /// The same ratio on the process's CPU time, and on instructions where they are counted.
+  double cpu_ratio = 1, cpu_ratio_low = 1, cpu_ratio_high = 1;
+  std::optional<double> instructions_ratio;
+  double cpu_median_s = 0;
   bool fits = true;
   std::string note;  // why it was not measured, or what stopped it
   bool measured() const { return note.empty() || !measurement.step_seconds.empty(); }
@@ -30,7 +40,10 @@ struct PolicyBench {
 struct BenchOptions {
   std::vector<std::string> policies;  // policy strings; empty: the default list
   int64_t warmup = 2;
-  int64_t steps = 10;
+  int64_t steps = 10;  // measured rounds: one step of every policy per round, interleaved
+  /// When a policy that does more work than none measures faster than none beyond the noise,
+  /// more rounds are measured, until this many seconds of measuring have passed.
+  double time_budget_s = 60;
   int64_t memory_budget_bytes = -1;  // total for the step (baseline + peak); -1: none
   double max_overhead = 0.5;         // the field guide's line between acceptable and too fine
   /// Called before each policy is measured (for a progress bar).
@@ -47,6 +60,9 @@ struct BenchResult {
   double max_overhead = 0.5;
   std::string formula;
   std::vector<PolicyBench> policies;
+  int64_t rounds = 0;        // measured rounds, extra ones included
+  std::string clock;         // which clock each time figure uses
+  bool too_noisy = false;    // time could not be trusted: only the memory verdict stands
   std::string recommendation;
   std::string reason;
   std::vector<std::string> warnings;
@@ -61,11 +77,19 @@ const std::vector<std::string>& default_bench_policies();
 /// keep. Every block checkpointed gives n*x + A. Empty when the model has no formula.
 std::optional<double> analytic_activation_bytes(const Model& model, const Plan& plan, int element_bytes);
 
-/// Measures every policy through the runner. Policies given explicitly must apply to the model
-/// (UsageError otherwise); default ones that do not are listed with a note.
+/// Measures every policy through the runner: each one's warm-up, then the measured steps
+/// round-robin (one step of each policy per round, in an order rotated every round), so that every
+/// policy sees the same slice of the machine's load. `none` is always measured, as the reference
+/// of the ratios. Policies given explicitly must apply to the model (UsageError otherwise);
+/// default ones that do not are listed with a note.
 BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options);
 
-/// The recommendation and warnings, from the measurements (run_bench calls it).
+/// The ratio of two paired samples: the geometric mean of num[i] / den[i] with its 95% bootstrap
+/// interval (fixed seed: the same samples give the same interval). {ratio, low, high}.
+std::array<double, 3> paired_ratio(const std::vector<double>& num, const std::vector<double>& den);
+
+/// The recommendation and warnings, from the measurements (run_bench calls it). Time differences
+/// within the ratios' intervals do not rank policies: memory decides between them.
 void recommend(BenchResult& result);
 
 /// The bench fields of the JSON report (device, baseline_bytes, policies, recommendation,

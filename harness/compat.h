@@ -1,5 +1,6 @@
 // The one place where ckcheck adapts to LibTorch's API. ckcheck is built and tested against pip
-// torch's LibTorch 2.13 and 2.14; older releases are refused here rather than half-supported.
+// torch's LibTorch 2.13 and 2.14, and needs at least 2.4 (the device-typed autocast calls, the
+// non-const c10::Allocator); older releases are refused here rather than half-supported.
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -11,8 +12,8 @@
 #include <cstring>
 #include <mutex>
 
-static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13),
-              "ckcheck needs LibTorch 2.13 or newer (pip torch); see the README");
+static_assert(TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4),
+              "ckcheck needs LibTorch 2.4 or newer (pip torch); see the README");
 
 namespace ckcheck {
 namespace compat {

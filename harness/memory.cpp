@@ -2,9 +2,16 @@
 
 #include <c10/core/CPUAllocator.h>
 
+#include <linux/perf_event.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 
 #include "harness/compat.h"
@@ -112,6 +119,47 @@ double time_on_device(const torch::Device& device, const std::function<void()>& 
   const auto t0 = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+InstructionCounter::InstructionCounter() {
+  perf_event_attr attr{};
+  attr.type = PERF_TYPE_HARDWARE;
+  attr.size = sizeof(attr);
+  attr.config = PERF_COUNT_HW_INSTRUCTIONS;
+  attr.exclude_kernel = 1;
+  attr.exclude_hv = 1;
+  // Threads LibTorch starts later (its intra-op pool) are counted too.
+  attr.inherit = 1;
+  const long fd = syscall(SYS_perf_event_open, &attr, 0, -1, -1, 0);
+  if (fd < 0) {
+    why_not_ = std::string("perf_event_open: ") + std::strerror(errno) +
+               (errno == EACCES || errno == EPERM ? " (kernel.perf_event_paranoid forbids it)"
+                                                  : " (no hardware counters here, e.g. in a VM)");
+    return;
+  }
+  fd_ = static_cast<int>(fd);
+}
+
+InstructionCounter::~InstructionCounter() {
+  if (fd_ >= 0) close(fd_);
+}
+
+std::optional<int64_t> InstructionCounter::read() const {
+  if (fd_ < 0) return std::nullopt;
+  int64_t count = 0;
+  if (::read(fd_, &count, sizeof(count)) != static_cast<ssize_t>(sizeof(count))) return std::nullopt;
+  return count;
+}
+
+const InstructionCounter& instruction_counter() {
+  static const InstructionCounter counter;
+  return counter;
 }
 
 void release_cached_memory(const torch::Device& device) {

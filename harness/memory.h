@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 
 namespace ckcheck {
 
@@ -29,6 +31,32 @@ void install_cpu_tracking_allocator();
 
 /// Seconds `fn` takes on the device: CUDA events on a GPU, a steady clock on the CPU.
 double time_on_device(const torch::Device& device, const std::function<void()>& fn);
+
+/// The process's CPU time so far (user + system, all threads): CLOCK_PROCESS_CPUTIME_ID. Other
+/// processes on the machine do not advance it, unlike the wall clock.
+double process_cpu_seconds();
+
+/// Counts the instructions this process retires (all its threads), through perf_event_open where
+/// the kernel permits it; far less sensitive to other processes than any clock.
+class InstructionCounter {
+ public:
+  InstructionCounter();
+  ~InstructionCounter();
+  InstructionCounter(const InstructionCounter&) = delete;
+  InstructionCounter& operator=(const InstructionCounter&) = delete;
+  /// Instructions retired so far, or nothing when counting is unavailable.
+  std::optional<int64_t> read() const;
+  bool available() const { return fd_ >= 0; }
+  /// Why counting is unavailable ("" when it is available).
+  const std::string& why_not() const { return why_not_; }
+
+ private:
+  int fd_ = -1;
+  std::string why_not_;
+};
+
+/// The process-wide counter, opened on first use.
+const InstructionCounter& instruction_counter();
 
 /// Hands cached blocks back after an out-of-memory error (CUDA), so the next measurement starts
 /// clean.

@@ -532,6 +532,8 @@ Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
       }
       meter.reset_peak();
       const int64_t before = meter.current_bytes();
+      const double cpu0 = process_cpu_seconds();
+      const auto instructions0 = instruction_counter().read();
       std::vector<Tensor> outs;
       const double forward = time_on_device(config_.device, [&] {
         std::optional<AutocastScope> scope;
@@ -555,7 +557,11 @@ Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
       });
       outs.clear();
       roots.clear();
+      const double cpu = process_cpu_seconds() - cpu0;
+      const auto instructions1 = instruction_counter().read();
       if (i >= warmup) {
+        m.cpu_seconds.push_back(cpu);
+        if (instructions0 && instructions1) m.instructions.push_back(*instructions1 - *instructions0);
         m.step_seconds.push_back(forward + backward);
         m.forward_seconds.push_back(forward);
         m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - before);

@@ -113,8 +113,10 @@ struct Measurement {
   std::string error;           // what stopped the measurement, if anything
   int64_t baseline_bytes = 0;  // parameters, gradients and inputs, allocated before the steps
   int64_t peak_bytes = 0;      // most bytes above the baseline during a measured step
-  std::vector<double> step_seconds;     // forward + backward, per measured step
+  std::vector<double> step_seconds;     // forward + backward, per measured step (wall clock)
   std::vector<double> forward_seconds;  // the forward alone, per measured step
+  std::vector<double> cpu_seconds;      // the process's CPU time of each measured step
+  std::vector<int64_t> instructions;    // instructions retired per step, where counting works
 };
 
 /// Median of a sample (0 when empty).

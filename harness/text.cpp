@@ -24,4 +24,9 @@ std::optional<double> parse_double(const std::string& text) {
   return std::nullopt;
 }
 
+std::string first_line(const std::string& message) {
+  const auto cut = message.find('\n');
+  return cut == std::string::npos ? message : message.substr(0, cut);
+}
+
 }  // namespace ckcheck

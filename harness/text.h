@@ -11,4 +11,7 @@ std::optional<long long> parse_int(const std::string& text);
 /// Finite numbers only.
 std::optional<double> parse_double(const std::string& text);
 
+/// The first line of a message (errors from TorchScript or c10 carry tracebacks after it).
+std::string first_line(const std::string& message);
+
 }  // namespace ckcheck

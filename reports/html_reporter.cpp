@@ -68,7 +68,8 @@ class HtmlReporter : public Reporter {
     }
     out << html_sections(r);
     if (!r.reproduce.empty()) {
-      out << fmt::format("<h2>Reproduce</h2>\n<pre><code>{}</code></pre>\n", escape_markup(r.reproduce));
+      out << fmt::format("<h2>Reproduce</h2>\n<pre style=\"white-space: pre-wrap; overflow-wrap: anywhere\"><code>{}</code></pre>\n",
+                         escape_markup(r.reproduce));
     }
     out << fmt::format("<p class=\"skip\">ckcheck {}</p>\n</body></html>\n", ckcheck_version());
   }

@@ -99,7 +99,11 @@ std::vector<BenchRow> bench_rows(const Report& r) {
       row.analytic = bytes_text(p["analytic_bytes"]);
       row.time = fmt::format("{} [{}..{}]", seconds_text(p["time_median_s"].get<double>()),
                              seconds_text(p["time_min_s"].get<double>()), seconds_text(p["time_max_s"].get<double>()));
-      row.time_ratio = p.contains("time_ratio") ? fmt::format("{:.2f}", p["time_ratio"].get<double>()) : "-";
+      row.time_ratio = !p.contains("time_ratio") ? "-"
+                       : p.contains("time_ratio_low")
+                           ? fmt::format("{:.2f} [{:.2f}, {:.2f}]", p["time_ratio"].get<double>(), p["time_ratio_low"].get<double>(),
+                                         p["time_ratio_high"].get<double>())
+                           : fmt::format("{:.2f}", p["time_ratio"].get<double>());
       if (!p.value("fits", true)) row.note = row.note.empty() ? "does not fit" : "does not fit: " + row.note;
     }
     rows.push_back(row);
@@ -109,18 +113,19 @@ std::vector<BenchRow> bench_rows(const Report& r) {
 
 std::string bench_header(const Report& r) {
   const auto& s = r.sections;
-  return fmt::format("device {}, baseline {} (parameters {}, gradients {}; Adam's moments would add {})",
+  return fmt::format("device {}, baseline {} (parameters {}, gradients {}; Adam's moments would add {}); {} rounds, "
+                     "policies interleaved; x none of time: paired per round, with its 95% interval; {}",
                      str(s, "device"), bytes_text(s["baseline_bytes"]), bytes_text(s["parameter_bytes"]),
-                     bytes_text(s["gradient_bytes"]), bytes_text(s["adam_state_bytes"]));
+                     bytes_text(s["gradient_bytes"]), bytes_text(s["adam_state_bytes"]), s.value("rounds", 0), str(s, "clock"));
 }
 
 std::vector<std::string> bench_lines(const Report& r) {
   std::vector<std::string> out;
   out.push_back("bench: " + bench_header(r));
-  out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:>7}  {}", "policy", "ckpt", "peak", "x none",
-                            "analytic", "step time median [min..max]", "x none", ""));
+  out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:<18}  {}", "policy", "ckpt", "peak", "x none",
+                            "analytic", "step time median [min..max]", "x none [95%]", ""));
   for (const auto& row : bench_rows(r)) {
-    out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:>7}  {}", row.policy, row.units, row.peak,
+    out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:<18}  {}", row.policy, row.units, row.peak,
                               row.peak_ratio, row.analytic, row.time, row.time_ratio, row.note));
   }
   const auto& rec = r.sections["recommendation"];
@@ -156,6 +161,9 @@ std::string bench_svg(const Report& r) {
   if (!budget.is_null()) mmax = std::max(mmax, budget.get<double>() / 1048576.0);
   tmax *= 1.1;
   mmax *= 1.15;
+  // Axis labels in human units: ms or s, MiB or GiB.
+  const bool in_s = tmax >= 2000, in_gib = mmax >= 2048;
+  const double t_unit = in_s ? 1000.0 : 1.0, m_unit = in_gib ? 1024.0 : 1.0;
   const double W = 720, H = 420, L = 70, R = 20, T = 20, B = 50;
   auto x = [&](double t) { return L + (W - L - R) * t / tmax; };
   auto y = [&](double m) { return H - B - (H - T - B) * m / mmax; };
@@ -164,12 +172,12 @@ std::string bench_svg(const Report& r) {
   svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/>\n", L, T, L, H - B);
   for (int i = 0; i <= 5; ++i) {
     const double tv = tmax * i / 5, mv = mmax * i / 5;
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#444\">{:.3g}</text>\n", x(tv), H - B + 16, tv);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#444\">{:.3g}</text>\n", L - 6, y(mv) + 4, mv);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#444\">{:.3g}</text>\n", x(tv), H - B + 16, tv / t_unit);
+    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#444\">{:.3g}</text>\n", L - 6, y(mv) + 4, mv / m_unit);
     svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/>\n", L + 1, y(mv), W - R, y(mv));
   }
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step time, ms (median; bar: min..max)</text>\n", (L + W - R) / 2, H - 10);
-  svg += fmt::format("<text x=\"16\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1f})\">peak memory, MiB (baseline + step)</text>\n", (T + H - B) / 2, (T + H - B) / 2);
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step time, {} (median; bar: min..max)</text>\n", (L + W - R) / 2, H - 10, in_s ? "s" : "ms");
+  svg += fmt::format("<text x=\"16\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1f})\">peak memory, {} (baseline + step)</text>\n", (T + H - B) / 2, (T + H - B) / 2, in_gib ? "GiB" : "MiB");
   if (!budget.is_null()) {
     const double by = y(budget.get<double>() / 1048576.0);
     svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#b00020\" stroke-dasharray=\"6 4\"/>\n", L, by, W - R, by);

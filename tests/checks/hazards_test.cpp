@@ -231,6 +231,22 @@ TEST(Hazards, SharedModuleCheckpointedTwiceFiresItsHooksTwice) {
   }
 }
 
+TEST(Hazards, AutogradGradThroughACheckpointIsReportedNotCompared) {
+  auto r = run_case({"faulty/grad-penalty", {}, "sites:blocks.1", 0});
+  const auto& g = r.check("gradients");
+  ASSERT_EQ(g.status, Status::kFail) << r.summary();
+  ASSERT_FALSE(g.findings.empty());
+  EXPECT_EQ(g.findings.at(0).cause, Cause::kGradApi) << g;
+  EXPECT_EQ(g.findings.at(0).site, "blocks.1") << g;
+  // The control: the same model with nothing checkpointed computes its penalty, and no check
+  // fails or blames the gradient API.
+  auto none = run_case({"faulty/grad-penalty", {}, "none", 0});
+  for (const auto& c : none.results) {
+    EXPECT_NE(c.status, Status::kFail) << none.summary();
+    for (const auto& f : c.findings) EXPECT_NE(f.cause, Cause::kGradApi) << c;
+  }
+}
+
 TEST(Hazards, ZeroGradientsMakeEqualityVacuous) {
   auto r = run_case({"mlp", {{"zero-head", "true"}}, "every:1", 0});
   const auto& g = r.check("gradients");

@@ -51,6 +51,48 @@ TEST(Consumer, CheckpointIsUsableFromUserCode) {
   EXPECT_TRUE(net->b0->fc->weight.grad().defined());
 }
 
+// The checkpoint's contract under grad(), backward(inputs=) and double backward, as a user meets
+// it: refused with one line before anything is accumulated (checkpoint.h).
+std::string refusal_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(Consumer, CheckpointRefusesGradAndLeavesEveryGradUntouched) {
+  torch::manual_seed(0);
+  Net net(false);
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto y = ckcheck::checkpoint([&](const torch::Tensor& t) { return net->b0(t); }, x);
+  const auto message = refusal_of([&] { torch::autograd::grad({y.sum()}, {x}); });
+  EXPECT_NE(message.find("torch::autograd::grad() and backward(inputs=...) are not supported"), std::string::npos);
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "not one line: " << message;
+  for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Consumer, CheckpointRefusesBackwardWithInputs) {
+  torch::manual_seed(0);
+  Net net(false);
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto y = ckcheck::checkpoint([&](const torch::Tensor& t) { return net->b0(t); }, x);
+  const auto message = refusal_of([&] { y.sum().backward({}, false, false, {x}); });
+  EXPECT_NE(message.find("backward(inputs=...) are not supported"), std::string::npos) << message;
+  for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(Consumer, CheckpointRefusesDoubleBackward) {
+  torch::manual_seed(0);
+  Net net(false);
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto y = ckcheck::checkpoint([&](const torch::Tensor& t) { return net->b0(t); }, x);
+  const auto message = refusal_of([&] { y.sum().backward({}, true, /*create_graph=*/true); });
+  EXPECT_NE(message.find("double backward (create_graph=true) is not supported"), std::string::npos) << message;
+}
+
 TEST(Consumer, CleanModelIsEquivalent) {
   torch::manual_seed(0);
   auto model = model_of(Net(false));

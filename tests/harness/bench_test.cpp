@@ -55,6 +55,18 @@ PolicyBench point(const std::string& policy, double seconds, int64_t peak, int64
   p.measurement.step_seconds = {seconds};
   p.measurement.forward_seconds = {seconds / 3};
   p.time_median_s = p.time_min_s = p.time_max_s = seconds;
+  // As if none took 1 s: the ratio, with an interval of +-1% (noise).
+  p.time_ratio = seconds;
+  p.time_ratio_low = seconds * 0.99;
+  p.time_ratio_high = seconds * 1.01;
+  if (policy != "none") p.checkpointed = {"blocks.0"};
+  return p;
+}
+
+PolicyBench noisy(const std::string& policy, double seconds, double low, double high, int64_t peak) {
+  auto p = point(policy, seconds, peak);
+  p.time_ratio_low = low;
+  p.time_ratio_high = high;
   return p;
 }
 
@@ -115,6 +127,74 @@ TEST(Recommend, WarnsWhenTooFineAndWhenNotEffective) {
   ASSERT_FALSE(flat.warnings.empty());
   EXPECT_NE(flat.warnings.back().find("not effective"), std::string::npos) << flat.warnings.back();
   EXPECT_NE(flat.warnings.back().find("Adam"), std::string::npos) << flat.warnings.back();
+}
+
+TEST(Recommend, TimesWithinTheNoiseAreDecidedOnMemory) {
+  // every:2 looks 2% faster than sites:x, but their intervals overlap: the smaller one wins, and
+  // the reason says time could not separate them.
+  auto r = result({point("none", 1.0, 10000), noisy("every:2", 1.18, 1.12, 1.25, 3000),
+                   noisy("sites:x", 1.20, 1.14, 1.27, 2500)},
+                  /*budget=*/5000);
+  recommend(r);
+  EXPECT_EQ(r.recommendation, "sites:x");
+  EXPECT_NE(r.reason.find("time could not separate it from every:2"), std::string::npos) << r.reason;
+  // The negative control: tight intervals, and the faster one wins.
+  auto tight = result({point("none", 1.0, 10000), noisy("every:2", 1.18, 1.175, 1.185, 3000),
+                       noisy("sites:x", 1.20, 1.195, 1.205, 2500)},
+                      /*budget=*/5000);
+  recommend(tight);
+  EXPECT_EQ(tight.recommendation, "every:2");
+}
+
+TEST(Recommend, TooNoisyKeepsOnlyTheMemoryVerdict) {
+  auto r = result({point("none", 1.0, 10000), point("every:4", 1.05, 4000), point("every:2", 1.10, 2000),
+                   point("every:1", 1.40, 1800)});
+  r.too_noisy = true;
+  recommend(r);
+  EXPECT_EQ(r.recommendation, "");
+  EXPECT_NE(r.reason.find("too noisy for a time verdict; on memory alone every:1 uses the least"), std::string::npos)
+      << r.reason;
+  auto budget = result({point("none", 1.0, 10000), point("every:4", 1.05, 4000), point("every:1", 1.40, 1800)}, 6000);
+  budget.too_noisy = true;
+  recommend(budget);
+  EXPECT_EQ(budget.recommendation, "every:4") << "fits, and recomputes least";
+}
+
+TEST(PairedRatio, GeometricMeanWithAnIntervalThatCoversIt) {
+  const std::vector<double> den = {1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 0.95, 1.05};
+  std::vector<double> num;
+  for (double d : den) num.push_back(1.3 * d);
+  const auto exact = paired_ratio(num, den);
+  EXPECT_NEAR(exact[0], 1.3, 1e-12);
+  EXPECT_NEAR(exact[1], 1.3, 1e-12) << "paired: the load that scales both sides cancels";
+  EXPECT_NEAR(exact[2], 1.3, 1e-12);
+  num[2] *= 1.5;  // one noisy round widens the interval
+  const auto wide = paired_ratio(num, den);
+  EXPECT_LT(wide[1], wide[0]);
+  EXPECT_GT(wide[2], wide[0]);
+  EXPECT_EQ(paired_ratio(num, den), wide) << "the same samples give the same interval";
+}
+
+TEST(Bench, InterleavesPoliciesAndMeasuresNoneAsTheReference) {
+  auto m = make_model("mlp", {}, 0);
+  Runner runner(*m, RunConfig());
+  BenchOptions options;
+  options.policies = {"every:1"};
+  options.steps = 4;
+  options.warmup = 1;
+  const auto r = run_bench(runner, {}, options);
+  ASSERT_EQ(r.policies.size(), 2u);
+  EXPECT_EQ(r.policies[0].policy, "none") << "added as the reference";
+  EXPECT_GE(r.rounds, 4);
+  for (const auto& p : r.policies) {
+    EXPECT_EQ(static_cast<int64_t>(p.measurement.step_seconds.size()), r.rounds) << p.policy;
+    EXPECT_EQ(p.measurement.cpu_seconds.size(), p.measurement.step_seconds.size());
+    EXPECT_LE(p.time_ratio_low, p.time_ratio);
+    EXPECT_GE(p.time_ratio_high, p.time_ratio);
+  }
+  EXPECT_GT(r.baseline_bytes, 0);
+  EXPECT_NE(r.clock.find("wall clock"), std::string::npos) << r.clock;
+  EXPECT_NE(r.clock.find("instructions:"), std::string::npos) << r.clock;
 }
 
 TEST(Bytes, ParseAndFormat) {

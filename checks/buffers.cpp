@@ -1,6 +1,7 @@
-// buffers: the model's buffers and other state after the checkpointed step against the plain
-// step's. BatchNorm's running statistics must be updated once per step, not again by the
-// recompute.
+// buffers: all of the model's state after the checkpointed step against the plain step's --
+// buffers, tensors and numbers kept as attributes, training flags, other state a model declares.
+// BatchNorm's running statistics (or any counter or running average) must be updated once per
+// step, not again by the recompute.
 #include <algorithm>
 
 #include "checks/common.h"
@@ -13,8 +14,8 @@ class BuffersCheck : public Check {
  public:
   std::string id() const override { return "buffers"; }
   std::string description() const override {
-    return "buffers and other model state after the step equal the plain step's (BatchNorm "
-           "statistics updated once, not twice)";
+    return "all model state after the step -- buffers, tensor and scalar attributes, training flags -- equals "
+           "the plain step's (BatchNorm statistics and counters updated once, not twice)";
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -36,7 +37,7 @@ class BuffersCheck : public Check {
     // One finding per (cause, unit), naming its buffers.
     std::vector<std::pair<Finding, std::vector<std::string>>> groups;
     for (const auto& d : ctx.diffs) {
-      if (d.kind != "buffer") continue;
+      if (!is_state_kind(d.kind)) continue;
       ++compared;
       if (d.equal) continue;
       ++differing;
@@ -49,30 +50,32 @@ class BuffersCheck : public Check {
         return g.first.cause == f.cause && g.first.site == f.site;
       });
       if (it == groups.end()) {
-        f.tensor = d.name;
-        f.details = {{"first", diff_json(d)}};
-        f.message = other ? fmt::format("{} differs after step {}: {}", d.name, d.step, e->evidence)
-                          : fmt::format("{} differs after step {} (max abs {:.3g}): the forward "
+        const auto name = d.name[0] == '@' ? d.name.substr(1) : d.name;
+        const auto what = state_kind_words(d.kind);
+        f.tensor = name;
+        f.details = {{"first", diff_json(d)}, {"kind", what}};
+        f.message = other ? fmt::format("{} ({}) differs after step {}: {}", name, what, d.step, e->evidence)
+                          : fmt::format("{} ({}) differs after step {} (max abs {:.3g}): the forward "
                                         "updated it and the recompute updated it again",
-                                        d.name, d.step, d.max_abs);
+                                        name, what, d.step, d.max_abs);
         groups.push_back({f, {}});
         it = groups.end() - 1;
       }
-      it->second.push_back(d.name);
+      it->second.push_back(d.name[0] == '@' ? d.name.substr(1) : d.name);
     }
     for (auto& [f, names] : groups) {
       f.details["buffers"] = names;
-      if (names.size() > 1) f.message = fmt::format("{} buffers differ, first {}", names.size(), f.message);
+      if (names.size() > 1) f.message = fmt::format("{} state entries differ, first {}", names.size(), f.message);
       add_finding(r, f);
     }
     r.details["compared"] = compared;
     r.details["differing"] = differing;
     if (differing > 0) {
       r.status = Status::kFail;
-      r.summary = fmt::format("{} of {} buffers differ after the step", differing, compared);
+      r.summary = fmt::format("{} of {} state entries differ after the step", differing, compared);
     } else {
-      r.summary = compared == 0 ? "the model has no buffers"
-                                : fmt::format("{} buffers equal after the step", compared);
+      r.summary = compared == 0 ? "the model has no state besides its parameters"
+                                : fmt::format("{} state entries equal after the step", compared);
     }
     return r;
   }

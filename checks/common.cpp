@@ -1,6 +1,7 @@
 #include "checks/common.h"
 
 #include "checks/evidence.h"
+#include "harness/text.h"
 
 namespace ckcheck {
 
@@ -44,27 +45,42 @@ CheckResult reference_failed(const std::string& id, const CheckContext& ctx) {
   return r;
 }
 
+namespace {
+
+// The site a ckcheck::checkpoint error names ("ckcheck::checkpoint(blocks.1): ..."), or "".
+std::string site_in_error(const std::string& error) {
+  const std::string key = "ckcheck::checkpoint(";
+  const auto at = error.find(key);
+  if (at == std::string::npos) return "";
+  const auto begin = at + key.size();
+  const auto end = error.find(')', begin);
+  return end == std::string::npos ? "" : error.substr(begin, end - begin);
+}
+
+}  // namespace
+
 CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, const std::string& message_prefix,
                                 const std::string& summary) {
+  const auto& error = ctx.records.checkpointed.error;
   const auto explained = explain_sites(ctx);
   CheckResult r;
   r.id = id;
-  Finding f;
-  f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
-  f.site = explained.empty() ? "" : explained.front().site;
-  const auto& error = ctx.records.checkpointed.error;
-  // ckcheck::checkpoint's own refusal of grad()/backward(inputs=)/create_graph names its site.
-  const std::string refused = "ckcheck::checkpoint(";
-  if (error.find("are not supported through a checkpoint") != std::string::npos ||
-      error.find("double backward (create_graph=true) is not supported") != std::string::npos) {
-    f.cause = Cause::kGradApi;
-    const auto at = error.find(refused);
-    if (at != std::string::npos) {
-      const auto begin = at + refused.size();
-      f.site = error.substr(begin, error.find(')', begin) - begin);
-    }
+  const bool grad_api = error.find("are not supported through a checkpoint") != std::string::npos ||
+                        error.find("double backward (create_graph=true) is not supported") != std::string::npos;
+  if (!grad_api && explained.empty()) {
+    // Nothing the checks saw explains it: an error, not a finding with a guessed cause.
+    const auto site = site_in_error(error);
+    r.status = Status::kError;
+    r.summary = fmt::format("the checkpointed step threw{}: {}", site.empty() ? "" : " at " + site, first_line(error));
+    r.details["error"] = first_line(error);
+    if (!site.empty()) r.details["site"] = site;
+    return r;
   }
-  f.message = message_prefix + error;
+  Finding f;
+  // ckcheck::checkpoint's own refusal of grad()/backward(inputs=)/create_graph names its site.
+  f.cause = grad_api ? Cause::kGradApi : explained.front().cause;
+  f.site = grad_api ? site_in_error(error) : explained.front().site;
+  f.message = message_prefix + first_line(error);
   add_finding(r, f);
   r.status = Status::kFail;
   r.summary = summary;

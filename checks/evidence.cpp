@@ -1,5 +1,7 @@
 #include "checks/evidence.h"
 
+#include <fmt/ranges.h>
+
 #include <fmt/format.h>
 
 namespace ckcheck {
@@ -56,6 +58,13 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
         }
       }
       if (found || !(recompute_differs(c) || c.recompute_failed)) continue;
+      if (!c.state_changed.empty()) {
+        found = SiteExplanation{site, Cause::kInPlace,
+                                fmt::format("{} was changed after the site's forward and before its recompute, so the "
+                                            "recompute read the new value",
+                                            fmt::join(c.state_changed, ", "))};
+        continue;
+      }
       if (probe && probe->private_generator) {
         found = SiteExplanation{site, Cause::kRng, "the site draws from its own torch::Generator, which no checkpoint restores"};
       } else if (c.rng_consumed && !ctx.config.preserve_rng_state) {

@@ -1,8 +1,11 @@
 // input-mutation: a checkpointed site's input changed between entering the site and its
 // recompute, so the recompute starts from other data.
+#include <fmt/ranges.h>
+
 #include <set>
 
 #include "checks/common.h"
+#include "checks/evidence.h"
 
 namespace ckcheck {
 namespace {
@@ -56,6 +59,24 @@ class InputMutationCheck : public Check {
         seen.insert({c.site, i});
         add_finding(r, f);
       }
+    }
+    // State the site reads, changed by someone else between its forward and its recompute:
+    // reported where the recompute then computed something else.
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      if (c.state_changed.empty() || !recompute_differs(c) || seen.count({c.site, SIZE_MAX})) continue;
+      seen.insert({c.site, SIZE_MAX});
+      Finding f;
+      f.cause = Cause::kInPlace;
+      f.site = c.site;
+      f.tensor = c.state_changed.front();
+      f.message = fmt::format(
+          "{} changed after the site's forward and before its recompute (by the parent or a later site), and "
+          "the recompute read the new value",
+          fmt::join(c.state_changed, ", "));
+      f.hint = "update that state after the backward, or clone what the site reads; do not checkpoint a site whose "
+               "inputs the parent changes before the backward";
+      f.details = {{"changed", c.state_changed}, {"when", "between forward and recompute"}};
+      add_finding(r, f);
     }
     if (!r.findings.empty()) {
       r.status = Status::kFail;

@@ -23,7 +23,7 @@ class NanCheck : public Check {
     };
     Group both, introduced;
     for (const auto& d : ctx.diffs) {
-      if (d.kind == "buffer") continue;
+      if (is_state_kind(d.kind)) continue;
       if (d.nonfinite_reference == 0 && d.nonfinite_checkpointed == 0) continue;
       auto& g = d.nonfinite_reference > 0 ? both : introduced;
       g.tensors.push_back(d.name);

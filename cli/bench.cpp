@@ -22,9 +22,10 @@ void setup_bench(CLI::App& app, int& exit_code) {
       "costs over 50% time (checkpoints too fine) or when checkpointing saves under 10% (and says "
       "what fills memory instead).\n"
       "Time is measured interleaved: after each policy's warm-up, one step of every policy per round, round "
-      "after round, so every policy sees the same load; time x none is the ratio paired per round with its 95% "
-      "interval, and policies whose intervals overlap are told apart on memory only. none is always measured, "
-      "as the reference.\n"
+      "after round, so every policy sees the same load; time x none is the ratio of the means of the fastest 30% of the step "
+      "times (other processes only add time) with its 95% interval, more rounds are measured while an interval "
+      "is wider than +-3% (up to --time-budget), and policies whose times cannot be told apart are decided on "
+      "memory. none is always measured, as the reference.\n"
       "Example: ckcheck bench --model transformer --layers 8 --hidden 256 --seq 128 --policies "
       "none,every:1,every:2,every:4 --report html=bench.html");
   add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false);

@@ -89,6 +89,12 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_
       ->each(note("--input-range"));
   ts->add_option("--input", args.input_file, "a file of input tensors saved from Python (torch.save of a tensor, list or tuple)")
       ->each(note("--input"));
+  ts->add_option("--mode", args.mode,
+                 "training flags: as-saved (each module's flag as exported: a BatchNorm frozen in eval stays frozen), "
+                 "train or eval (every module)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"as-saved", "train", "eval"}))
+      ->each(note("--mode"));
 }
 
 torch::Device parse_device(const std::string& text) {
@@ -139,6 +145,7 @@ std::unique_ptr<Model> build_model(const ModelArgs& args) {
     inputs.dtype = args.input_dtype;
     inputs.range = args.input_range;
     inputs.file = args.input_file;
+    inputs.mode = args.mode;
     return load_torchscript_model(args.model, inputs, args.seed);
   }
   if (!args.torchscript_flags.empty()) {
@@ -170,6 +177,7 @@ ModelInfo model_info(const Model& model, const Plan& plan) {
   info.checkpointed = plan.checkpointed();
   for (const auto& u : plan.units) info.units.push_back(Plan::unit_label(u));
   info.policy = plan.policy.text();
+  info.eval_modules = model.eval_modules();
   return info;
 }
 
@@ -180,6 +188,7 @@ std::string model_command_line(const ModelArgs& args, bool with_policy) {
   if (!args.input_shape.empty() || !args.input_range.empty()) s += " --input-dtype " + shell_quote(args.input_dtype);
   if (!args.input_range.empty()) s += " --input-range " + shell_quote(args.input_range);
   if (!args.input_file.empty()) s += " --input " + shell_quote(args.input_file);
+  if (args.mode != "as-saved") s += " --mode " + shell_quote(args.mode);
   if (!args.sites.empty()) s += " --sites " + shell_quote(fmt::format("{}", fmt::join(args.sites, ",")));
   if (with_policy) s += " --policy " + shell_quote(args.policy);
   s += fmt::format(" --seed {}", args.seed);

@@ -31,6 +31,7 @@ struct ModelArgs {
   std::string input_dtype = "float32";
   std::string input_range;
   std::string input_file;
+  std::string mode = "as-saved";
 
   // Filled by add_model_args: the per-model options (--layers, --hidden, ...).
   std::map<std::string, std::string> raw_options;

@@ -88,24 +88,37 @@ int64_t numel_of(const NamedTensors& tensors) {
 
 }  // namespace
 
-std::array<double, 3> paired_ratio(const std::vector<double>& num, const std::vector<double>& den) {
-  std::vector<double> logs;
-  for (size_t i = 0; i < std::min(num.size(), den.size()); ++i) {
-    if (num[i] > 0 && den[i] > 0) logs.push_back(std::log(num[i] / den[i]));
-  }
-  if (logs.empty()) return {1.0, 1.0, 1.0};
-  auto mean = [](const std::vector<double>& v) { return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size()); };
+namespace {
+
+// The mean of the fastest 30% of a sample (at least one value): other processes only ever add
+// time to a step, so the fastest steps are the ones they left alone; averaging several of them is
+// steadier than any single order statistic.
+double fast_mean(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const auto k = std::max<size_t>(1, static_cast<size_t>(std::lround(0.3 * static_cast<double>(v.size()))));
+  return std::accumulate(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), 0.0) / static_cast<double>(k);
+}
+
+}  // namespace
+
+std::array<double, 3> fast_ratio(const std::vector<double>& num, const std::vector<double>& den) {
+  if (num.empty() || den.empty()) return {1.0, 1.0, 1.0};
+  if (num == den) return {1.0, 1.0, 1.0};
+  const double d = fast_mean(den);
+  if (!(d > 0)) return {1.0, 1.0, 1.0};
   std::mt19937_64 rng(0);
-  std::uniform_int_distribution<size_t> pick(0, logs.size() - 1);
   constexpr int kResamples = 2000;
-  std::vector<double> means(kResamples);
-  std::vector<double> sample(logs.size());
-  for (auto& m : means) {
-    for (auto& x : sample) x = logs[pick(rng)];
-    m = mean(sample);
+  std::vector<double> ratios(kResamples);
+  std::vector<double> a(num.size()), b(den.size());
+  std::uniform_int_distribution<size_t> pick_a(0, num.size() - 1), pick_b(0, den.size() - 1);
+  for (auto& r : ratios) {
+    for (auto& x : a) x = num[pick_a(rng)];
+    for (auto& x : b) x = den[pick_b(rng)];
+    const double fb = fast_mean(b);
+    r = fb > 0 ? fast_mean(a) / fb : 1.0;
   }
-  std::sort(means.begin(), means.end());
-  return {std::exp(mean(logs)), std::exp(means[kResamples / 40]), std::exp(means[kResamples - 1 - kResamples / 40])};
+  std::sort(ratios.begin(), ratios.end());
+  return {fast_mean(num) / d, ratios[kResamples / 40], ratios[kResamples - 1 - kResamples / 40]};
 }
 
 namespace {
@@ -163,11 +176,11 @@ void summarise(PolicyBench& b, const PolicyBench& none) {
   for (double t : m.step_seconds) var += (t - mean) * (t - mean);
   b.time_spread = mean > 0 ? std::sqrt(var / m.step_seconds.size()) / mean : 0.0;
   const auto& n = none.measurement;
-  std::tie(b.time_ratio, b.time_ratio_low, b.time_ratio_high) = std::tuple_cat(paired_ratio(m.step_seconds, n.step_seconds));
-  std::tie(b.cpu_ratio, b.cpu_ratio_low, b.cpu_ratio_high) = std::tuple_cat(paired_ratio(m.cpu_seconds, n.cpu_seconds));
+  std::tie(b.time_ratio, b.time_ratio_low, b.time_ratio_high) = std::tuple_cat(fast_ratio(m.step_seconds, n.step_seconds));
+  std::tie(b.cpu_ratio, b.cpu_ratio_low, b.cpu_ratio_high) = std::tuple_cat(fast_ratio(m.cpu_seconds, n.cpu_seconds));
   b.instructions_ratio.reset();
   if (!m.instructions.empty() && m.instructions.size() == n.instructions.size()) {
-    b.instructions_ratio = paired_ratio(as_doubles(m.instructions), as_doubles(n.instructions))[0];
+    b.instructions_ratio = fast_ratio(as_doubles(m.instructions), as_doubles(n.instructions))[0];
   }
 }
 
@@ -232,8 +245,17 @@ void measure_interleaved(Runner& runner, const std::vector<Entry>& entries, std:
   };
   run_rounds(options.steps);
   summarise_all();
-  // Faster than none beyond the noise: measure more rounds while the time budget lasts.
-  while (none_index && !faster_than_none(r.policies).empty() && elapsed() < options.time_budget_s) {
+  // An interval wider than +-3% cannot rank policies that differ by a few percent, and a policy
+  // faster than none beyond the noise is a measurement failure: measure more rounds while the
+  // time budget lasts.
+  auto imprecise = [&] {
+    for (size_t i : active) {
+      const auto& p = r.policies[i];
+      if (!p.measurement.step_seconds.empty() && (p.time_ratio_high - p.time_ratio_low) / 2 > 0.03 * p.time_ratio) return true;
+    }
+    return false;
+  };
+  while (none_index && (imprecise() || !faster_than_none(r.policies).empty()) && elapsed() < options.time_budget_s) {
     run_rounds(std::max<int64_t>(options.steps / 2, 2));
     summarise_all();
   }
@@ -296,8 +318,14 @@ namespace {
 using Point = const PolicyBench*;
 
 double total_bytes(Point p) { return static_cast<double>(p->measurement.baseline_bytes + p->measurement.peak_bytes); }
-// a is faster than b beyond the noise: their ratio intervals do not overlap.
-bool faster(Point a, Point b) { return a->time_ratio_high < b->time_ratio_low; }
+// Two times cannot be told apart when each estimate lies inside the other's interval; intervals
+// that merely touch do not make a tie.
+bool indistinguishable(Point a, Point b) {
+  auto inside = [](double x, Point p) { return x >= p->time_ratio_low && x <= p->time_ratio_high; };
+  return inside(a->time_ratio, b) && inside(b->time_ratio, a);
+}
+// a is faster than b beyond the noise.
+bool faster(Point a, Point b) { return a->time_ratio < b->time_ratio && !indistinguishable(a, b); }
 
 void warn_too_fine(BenchResult& r, const std::vector<Point>& measured) {
   for (const auto* p : measured) {
@@ -369,37 +397,21 @@ void recommend_within_budget(BenchResult& r, const std::vector<Point>& measured,
 }
 
 void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, Point none) {
-  // The policies no other beats on both memory and time (beyond the noise).
+  // The policies no other beats on both memory and time.
   std::vector<Point> front;
   for (const auto* p : fitting) {
     bool dominated = false;
     for (const auto* q : fitting) {
-      const bool not_slower = !faster(p, q);
-      dominated = dominated || (q != p && not_slower && total_bytes(q) <= total_bytes(p) &&
-                                (faster(q, p) || total_bytes(q) < total_bytes(p)));
+      dominated = dominated || (q != p && q->time_ratio <= p->time_ratio && total_bytes(q) <= total_bytes(p) &&
+                                (q->time_ratio < p->time_ratio || total_bytes(q) < total_bytes(p)));
     }
     if (!dominated) front.push_back(p);
   }
   if (front.empty()) front = fitting;
   std::sort(front.begin(), front.end(), [](Point a, Point b) { return a->time_ratio < b->time_ratio; });
-  const auto* pick = front.front();
-  if (front.size() >= 3) {
-    const double t0 = front.front()->time_ratio, t1 = front.back()->time_ratio;
-    const double m0 = total_bytes(front.back()), m1 = total_bytes(front.front());
-    double best = std::numeric_limits<double>::infinity();
-    for (const auto* p : front) {
-      // Normalised, the front runs from (0, 1) (fastest) to (1, 0) (smallest); the knee lies
-      // furthest below the line between them.
-      const double tn = t1 > t0 ? (p->time_ratio - t0) / (t1 - t0) : 0.0;
-      const double mn = m1 > m0 ? (total_bytes(p) - m0) / (m1 - m0) : 0.0;
-      if (tn + mn < best) {
-        best = tn + mn;
-        pick = p;
-      }
-    }
-    r.reason = "the knee of the memory-time curve: the most memory saved per unit of time spent";
-  } else {
+  if (front.size() < 3) {
     // Two points or one: take the smaller one when it saves at least 10% within the overhead bound.
+    const auto* pick = front.front();
     const auto* small = front.back();
     if (small != pick && none && small->time_ratio - 1.0 <= r.max_overhead && total_bytes(pick) - total_bytes(small) >= 0.10 * total_bytes(pick)) {
       r.reason = fmt::format("saves {:.0f}% of the step's memory for +{:.0f}% time", 100 * (1 - total_bytes(small) / total_bytes(pick)),
@@ -408,13 +420,28 @@ void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, Point non
     } else {
       r.reason = "no policy saves enough memory to pay for its time";
     }
+    r.recommendation = pick->policy;
+    return;
   }
-  if (fitting.size() > front.size()) {
-    std::vector<Point> tied;
-    for (const auto* p : fitting) {
-      if (p != pick && !faster(p, pick) && !faster(pick, p) && total_bytes(p) >= total_bytes(pick)) tied.push_back(p);
-    }
-    if (!tied.empty()) r.reason += fmt::format("; time could not separate it from {}, which use at least as much memory", others(tied, nullptr));
+  // Normalised, the front runs from (0, 1) (fastest) to (1, 0) (smallest); the knee lies furthest
+  // below the line between them: the lowest tn + mn. A policy whose time cannot be told from the
+  // knee's and whose score is within 5% of the curve's span (no material difference) ties with
+  // it, and memory decides.
+  constexpr double kMaterial = 0.05;
+  const double t0 = front.front()->time_ratio, t1 = front.back()->time_ratio;
+  const double m0 = total_bytes(front.back()), m1 = total_bytes(front.front());
+  const double span = t1 > t0 ? t1 - t0 : 1.0;
+  auto score = [&](Point p) { return (p->time_ratio - t0) / span + (m1 > m0 ? (total_bytes(p) - m0) / (m1 - m0) : 0.0); };
+  const auto* best = *std::min_element(front.begin(), front.end(), [&](Point a, Point b) { return score(a) < score(b); });
+  std::vector<Point> tied;
+  for (const auto* p : front) {
+    if (indistinguishable(p, best) && score(p) - score(best) <= kMaterial) tied.push_back(p);
+  }
+  const auto* pick = *std::min_element(tied.begin(), tied.end(), [](Point a, Point b) { return total_bytes(a) < total_bytes(b); });
+  r.reason = "the knee of the memory-time curve: the most memory saved per unit of time spent";
+  if (tied.size() > 1) {
+    r.reason += fmt::format("; time could not separate it from {} (within the measured noise), so the one using least memory",
+                            others(tied, pick));
   }
   r.recommendation = pick->policy;
 }

@@ -23,8 +23,8 @@ struct PolicyBench {
   Measurement measurement;
   std::optional<double> analytic_bytes;  // activation memory the formula predicts
   double time_median_s = 0, time_min_s = 0, time_max_s = 0, forward_median_s = 0;
-  /// Step time against `none`'s, paired round by round: the geometric mean of the per-round
-  /// ratios and its 95% bootstrap interval (1, 1, 1 for none itself).
+  /// Step time against `none`'s, measured interleaved: the ratio of the means of the fastest 30% of steps and its 95%
+  /// bootstrap interval (see fast_ratio; 1, 1, 1 for none itself).
   double time_ratio = 1, time_ratio_low = 1, time_ratio_high = 1;
   /// Step-to-step spread of the wall-clock step time: standard deviation over mean.
   double time_spread = 0;
@@ -84,9 +84,11 @@ std::optional<double> analytic_activation_bytes(const Model& model, const Plan& 
 /// default ones that do not are listed with a note.
 BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options);
 
-/// The ratio of two paired samples: the geometric mean of num[i] / den[i] with its 95% bootstrap
-/// interval (fixed seed: the same samples give the same interval). {ratio, low, high}.
-std::array<double, 3> paired_ratio(const std::vector<double>& num, const std::vector<double>& den);
+/// How much slower `num`'s steps are than `den`'s: the ratio of the means of their fastest 30% of steps, with a 95%
+/// bootstrap interval (fixed seed: the same samples give the same interval). Other processes only
+/// ever add time to a step, so the fastest steps estimate the step on a quiet machine far more
+/// stably than a mean or median does. {ratio, low, high}; {1, 1, 1} for identical samples.
+std::array<double, 3> fast_ratio(const std::vector<double>& num, const std::vector<double>& den);
 
 /// The recommendation and warnings, from the measurements (run_bench calls it). Time differences
 /// within the ratios' intervals do not rank policies: memory decides between them.

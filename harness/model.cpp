@@ -31,6 +31,23 @@ std::vector<torch::Tensor> Model::site_buffers(const std::string& site) {
   return out;
 }
 
+bool is_state_kind(const std::string& kind) {
+  return kind == state_kind::kBuffer || kind == state_kind::kTensorAttribute || kind == state_kind::kScalarAttribute ||
+         kind == state_kind::kMode || kind == state_kind::kExtra;
+}
+
+std::string state_kind_words(const std::string& kind) {
+  if (kind == state_kind::kTensorAttribute) return "tensor attribute";
+  if (kind == state_kind::kScalarAttribute) return "scalar attribute";
+  if (kind == state_kind::kMode) return "training flag";
+  if (kind == state_kind::kExtra) return "state";
+  return "buffer";
+}
+
+std::string Model::state_kind_of(const std::string& name) const {
+  return !name.empty() && name[0] == '@' ? state_kind::kExtra : state_kind::kBuffer;
+}
+
 NamedTensors Model::state_tensors() {
   auto out = named_buffers();
   for (auto& item : extra_state()) out.push_back(std::move(item));
@@ -41,7 +58,7 @@ ModelState Model::snapshot() {
   torch::NoGradGuard no_grad;
   ModelState s;
   for (auto& [name, t] : named_parameters()) s.tensors.emplace_back(name, t.detach().clone());
-  for (auto& [name, t] : state_tensors()) s.tensors.emplace_back(name, t.detach().clone());
+  for (auto& [name, t] : state_tensors()) s.tensors.emplace_back(name, t.defined() ? t.detach().clone() : torch::Tensor());
   return s;
 }
 

@@ -51,7 +51,23 @@ class PlainSiteRunner : public SiteRunner {
 /// else the model holds (a private generator's state, a counter kept in a member).
 struct ModelState {
   NamedTensors tensors;
+  /// Attributes that are not tensors of the model's own (numbers, flags, containers, tensors held
+  /// as plain attributes), deep copies by name, for models that have them (TorchScript).
+  std::vector<std::pair<std::string, c10::IValue>> values;
 };
+
+/// What a piece of model state is, as records and findings name it.
+namespace state_kind {
+constexpr const char* kBuffer = "buffer";              // a registered buffer
+constexpr const char* kTensorAttribute = "attribute";  // a tensor kept as a plain attribute
+constexpr const char* kScalarAttribute = "scalar";     // a number, flag or string attribute
+constexpr const char* kMode = "mode";                  // a module's training flag
+constexpr const char* kExtra = "extra";                // other state a C++ model declares
+}  // namespace state_kind
+/// True for the record kinds above (state compared after the step by the buffers check).
+bool is_state_kind(const std::string& kind);
+/// "buffer", "tensor attribute", "scalar attribute", "training flag", "state": for messages.
+std::string state_kind_words(const std::string& kind);
 
 /// Analytic activation memory of one site, in bytes.
 struct SiteMemory {
@@ -99,6 +115,12 @@ class Model {
   /// The state a step may change besides the parameters: buffers and extra state, live (not
   /// copies).
   virtual NamedTensors state_tensors();
+
+  /// The record kind of a state tensor named by state_tensors() (a state_kind:: value).
+  virtual std::string state_kind_of(const std::string& name) const;
+
+  /// Module paths whose training flag is off (eval mode), for reports.
+  virtual std::vector<std::string> eval_modules() const { return {}; }
 
   /// A copy of all state, and putting it back. Extra state (extra_state()) is included.
   virtual ModelState snapshot();

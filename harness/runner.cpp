@@ -71,8 +71,8 @@ std::vector<int64_t> versions_of(const std::vector<Tensor>& ts) {
 // step is.
 class EvidenceObserver : public CheckpointObserver {
  public:
-  EvidenceObserver(StepRecord& record, bool evidence, OpTracer* tracer)
-      : record_(record), evidence_(evidence), tracer_(tracer) {}
+  EvidenceObserver(StepRecord& record, bool evidence, OpTracer* tracer, Model* model)
+      : record_(record), evidence_(evidence), tracer_(tracer), model_(model) {}
 
   int64_t step = 1;
 
@@ -100,6 +100,7 @@ class EvidenceObserver : public CheckpointObserver {
     rng_before_.erase(c.id);
     auto& kept = outputs_[c.id];
     for (const auto& o : outputs) kept.push_back(o.defined() ? o.detach().clone() : Tensor());
+    state_at_forward_[c.id] = state_marks();
   }
 
   void recompute_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs,
@@ -113,6 +114,12 @@ class EvidenceObserver : public CheckpointObserver {
     auto& e = calls_[c.id];
     e.recomputed = true;
     e.versions_recompute = versions_of(inputs);
+    const auto now = state_marks();
+    for (const auto& [name, mark] : state_at_forward_[c.id]) {
+      auto it = now.find(name);
+      if (it == now.end() || it->second != mark) e.state_changed.push_back(name[0] == '@' ? name.substr(1) : name);
+    }
+    state_at_forward_.erase(c.id);
     const auto& prints = entry_prints_[c.id];
     for (size_t i = 0; i < inputs.size(); ++i) {
       e.content_changed.push_back(i < prints.size() && fingerprint(inputs[i]) != prints[i]);
@@ -161,6 +168,31 @@ class EvidenceObserver : public CheckpointObserver {
   std::map<int64_t, std::vector<Tensor>> outputs_;
   std::map<int64_t, std::vector<uint64_t>> entry_prints_;
   std::map<int64_t, RngState> rng_before_;
+  Model* model_;
+  // Each state tensor's identity and version; a scalar attribute (a fresh 0-d tensor each time)
+  // by its value instead.
+  using Mark = std::tuple<const void*, int64_t, double>;
+  std::map<int64_t, std::map<std::string, Mark>> state_at_forward_;
+
+  std::map<std::string, Mark> state_marks() const {
+    std::map<std::string, Mark> marks;
+    if (!model_) return marks;
+    auto mark = [&](const std::string& name, const Tensor& t) {
+      const auto kind = model_->state_kind_of(name);
+      if (!t.defined()) {
+        marks[name] = {nullptr, -1, 0.0};
+      } else if (kind == state_kind::kScalarAttribute || kind == state_kind::kMode || kind == state_kind::kExtra) {
+        // Made afresh by each state_tensors() call (a number's 0-d tensor, a generator's state):
+        // compared by content.
+        marks[name] = {nullptr, static_cast<int64_t>(fingerprint(t)), 0.0};
+      } else {
+        marks[name] = {t.unsafeGetTensorImpl(), static_cast<int64_t>(t._version()), 0.0};
+      }
+    };
+    for (const auto& [name, t] : model_->named_parameters()) mark(name, t);
+    for (const auto& [name, t] : model_->state_tensors()) mark(name, t);
+    return marks;
+  }
 };
 
 // Calls each site plainly, except the plan's units, which go to run_unit() -- a single site or,
@@ -329,7 +361,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
     tracer.emplace(options.trace, options.value_budget_bytes, options.value_site);
   }
   OpTracer* tp = tracer ? &*tracer : nullptr;
-  auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp);
+  auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_);
   auto base = CheckpointOptions()
                   .preserve_rng_state(config_.preserve_rng_state)
                   .restore_autocast(config_.restore_autocast)
@@ -437,7 +469,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       }
       // Parameters are covered by their gradients; buffers and extra state are the step's state.
       for (const auto& [name, b] : model_.state_tensors()) {
-        record.tensors.push_back({name, "buffer", step, b.detach().clone()});
+        record.tensors.push_back({name, model_.state_kind_of(name), step, b.defined() ? b.detach().clone() : Tensor()});
       }
       if (step < config_.steps) {
         torch::NoGradGuard no_grad;
@@ -670,7 +702,8 @@ class ProbeSiteRunner : public UnitSiteRunner {
       p.rng_consumed = RngState::capture() != r0;
       const ModelState sa = model_.snapshot();
       for (size_t i = 0; i < s0.tensors.size() && i < sa.tensors.size(); ++i) {
-        if (!torch::equal(s0.tensors[i].second, sa.tensors[i].second)) {
+        // Undefined is state too (an attribute that is None) and equals only itself.
+        if (!compare_tensors(s0.tensors[i].second, sa.tensors[i].second, Tolerance()).equal) {
           p.changed_state.push_back(s0.tensors[i].first);
         }
       }

@@ -59,6 +59,9 @@ struct CallEvidence {
   int64_t step = 1;
   std::vector<int64_t> versions_entry, versions_exit, versions_recompute;
   std::vector<bool> content_changed;  // input content at the recompute differs from the entry
+  /// Model state (parameters, buffers, tensor and scalar attributes) changed after the site's
+  /// forward and before its recompute -- by the parent or a later site -- by name.
+  std::vector<std::string> state_changed;
   bool rng_consumed = false;          // the default generators moved during the forward
   bool recomputed = false;            // backward reached the call
   bool recompute_failed = false;      // the recompute started and threw

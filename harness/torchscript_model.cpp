@@ -56,31 +56,79 @@ std::string one_line(const std::string& message) {
   return s;
 }
 
+// Arguments a site may take: tensors (the checkpoint's inputs), optional tensors, and plain
+// values that pass through unchanged (numbers, flags, strings, None, lists of numbers).
+bool passable_argument(const c10::TypePtr& t) {
+  switch (t->kind()) {
+    case c10::TypeKind::TensorType:
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::StringType:
+    case c10::TypeKind::NoneType:
+      return true;
+    case c10::TypeKind::OptionalType:
+      return passable_argument(t->castRaw<c10::OptionalType>()->getElementType());
+    case c10::TypeKind::ListType: {
+      const auto e = t->castRaw<c10::ListType>()->getElementType()->kind();
+      return e == c10::TypeKind::IntType || e == c10::TypeKind::FloatType || e == c10::TypeKind::BoolType;
+    }
+    default:
+      return false;
+  }
+}
+
+// What a site may return: tensors, optional tensors (None), and tuples of those.
+bool checkpointable_output(const c10::TypePtr& t) {
+  switch (t->kind()) {
+    case c10::TypeKind::TensorType:
+    case c10::TypeKind::NoneType:
+      return true;
+    case c10::TypeKind::OptionalType:
+      return t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType;
+    case c10::TypeKind::TupleType: {
+      for (const auto& e : t->castRaw<c10::TupleType>()->elements()) {
+        if (!checkpointable_output(e)) return false;
+      }
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
 std::string signature_problem(const c10::FunctionSchema& schema) {
   for (size_t i = 1; i < schema.arguments().size(); ++i) {
     const auto& a = schema.arguments()[i];
-    if (a.type()->kind() != c10::TypeKind::TensorType) {
+    if (!passable_argument(a.type())) {
       return fmt::format("its forward takes {} '{}' of type {}", "argument", a.name(), a.type()->annotation_str());
     }
   }
   for (const auto& r : schema.returns()) {
-    const auto& t = r.type();
-    if (t->kind() == c10::TypeKind::TensorType) continue;
-    if (auto tuple = t->cast<c10::TupleType>()) {
-      bool all = true;
-      for (const auto& e : tuple->elements()) all = all && e->kind() == c10::TypeKind::TensorType;
-      if (all) continue;
-    }
-    return fmt::format("its forward returns {}", t->annotation_str());
+    if (!checkpointable_output(r.type())) return fmt::format("its forward returns {}", r.type()->annotation_str());
   }
   return "";
+}
+
+// The tensors of an output, in order (None and other values are not the checkpoint's).
+void output_tensors(const IValue& v, std::vector<Tensor>& out) {
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) output_tensors(e, out);
+  }
 }
 
 class TorchScriptModel : public Model {
  public:
   TorchScriptModel(torch::jit::Module module, std::string name, TorchScriptInputs inputs, uint64_t seed)
       : module_(std::move(module)), name_(std::move(name)), inputs_(std::move(inputs)), seed_(seed) {
-    module_.train(true);
+    if (inputs_.mode == "train" || inputs_.mode == "eval") {
+      module_.train(inputs_.mode == "train");
+    } else if (inputs_.mode != "as-saved") {
+      throw UsageError(fmt::format("--mode '{}'; valid: as-saved (each module's training flag as exported), train, eval",
+                                   inputs_.mode));
+    }
     // Every module object, by identity, with its path.
     std::vector<std::pair<std::string, torch::jit::Module>> all;
     all.push_back({"", module_});
@@ -91,6 +139,7 @@ class TorchScriptModel : public Model {
     for (const auto& [path, m] : all) {
       paths_[m._ivalue().get()] = path;
       types.insert(m.type().get());
+      collect_attributes(path, m);
     }
     std::set<c10::ClassType*> called;
     for (auto* type : types) {
@@ -125,7 +174,9 @@ class TorchScriptModel : public Model {
     auto it = problems_.find(site);
     return it == problems_.end()
                ? ""
-               : fmt::format("{}; only submodules whose forward takes and returns tensors can be checkpointed", it->second);
+               : fmt::format("{}; only submodules whose forward takes tensors, optional tensors or plain values and "
+                             "returns tensors (or tuples of them) can be checkpointed",
+                             it->second);
   }
 
   std::vector<Tensor> make_inputs(uint64_t seed) override {
@@ -173,8 +224,41 @@ class TorchScriptModel : public Model {
   }
   torch::Device device() const override { return device_; }
 
+  // Every attribute that is not a parameter, buffer or submodule -- numbers, flags, strings,
+  // tensors held as plain attributes, containers of those, each module's training flag -- is
+  // state: snapshot, restored before every run, and compared after the step.
+  std::string state_kind_of(const std::string& name) const override {
+    auto it = attribute_kinds_.find(name);
+    return it != attribute_kinds_.end() ? it->second : Model::state_kind_of(name);
+  }
+
+  std::vector<std::string> eval_modules() const override {
+    std::vector<std::string> out;
+    for (const auto& a : attributes_) {
+      if (a.name == "training" && !a.object->getSlot(a.slot).toBool()) out.push_back(a.path.empty() ? "(root)" : a.path);
+    }
+    return out;
+  }
+
+  ModelState snapshot() override {
+    auto s = Model::snapshot();
+    for (const auto& a : attributes_) s.values.emplace_back(a.full, a.object->getSlot(a.slot).deepcopy());
+    return s;
+  }
+
+  void restore(const ModelState& state) override {
+    Model::restore(state);
+    std::map<std::string, const IValue*> values;
+    for (const auto& [name, v] : state.values) values[name] = &v;
+    for (const auto& a : attributes_) {
+      auto it = values.find(a.full);
+      if (it != values.end()) a.object->setSlot(a.slot, it->second->deepcopy());
+    }
+  }
+
   std::map<std::string, std::string> options() const override {
     std::map<std::string, std::string> o;
+    if (inputs_.mode != "as-saved") o["mode"] = inputs_.mode;
     if (!inputs_.shape.empty()) o["input-shape"] = inputs_.shape;
     o["input-dtype"] = inputs_.dtype;
     if (!inputs_.range.empty()) o["input-range"] = inputs_.range;
@@ -290,7 +374,75 @@ class TorchScriptModel : public Model {
     return x.to(dt->second);
   }
 
+  struct Attribute {
+    std::string path, name, full;  // module path, attribute name, path.name
+    c10::intrusive_ptr<c10::ivalue::Object> object;
+    size_t slot = 0;
+  };
+
+  void collect_attributes(const std::string& path, const torch::jit::Module& m) {
+    const auto object = m._ivalue();
+    const auto& type = object->type();
+    std::set<const c10::TensorImpl*> owned;  // parameters and buffers: snapshot as such
+    for (const auto& p : module_.named_parameters(true)) owned.insert(p.value.unsafeGetTensorImpl());
+    for (const auto& b : module_.named_buffers(true)) owned.insert(b.value.unsafeGetTensorImpl());
+    for (size_t i = 0; i < type->numAttributes(); ++i) {
+      if (type->is_parameter(i) || type->is_buffer(i)) continue;
+      const auto attr_type = type->getAttribute(i);
+      if (auto cls = attr_type->cast<c10::ClassType>(); cls && cls->is_module()) continue;
+      const auto value = object->getSlot(i);
+      if (value.isTensor() && owned.count(value.toTensor().unsafeGetTensorImpl())) continue;
+      if (!(value.isTensor() || value.isInt() || value.isDouble() || value.isBool() || value.isString() ||
+            value.isNone() || value.isList() || value.isTuple() || value.isGenericDict())) {
+        continue;  // objects and functions are not state a step changes
+      }
+      Attribute a{path, type->getAttributeName(i), "", object, i};
+      a.full = "@" + (path.empty() ? a.name : path + "." + a.name);
+      attributes_.push_back(a);
+    }
+  }
+
+  // The attributes as tensors to compare: a tensor as itself, a number or flag as a 0-d tensor, a
+  // string by its hash, a container element by element ("@blocks.0.cache.1").
+  void attribute_tensors(const std::string& name, const IValue& v, const std::string& kind, NamedTensors& out) {
+    if (v.isTensor()) {
+      out.emplace_back(name, v.toTensor());
+      attribute_kinds_[name] = state_kind::kTensorAttribute;
+    } else if (v.isNone()) {
+      out.emplace_back(name, Tensor());
+      attribute_kinds_[name] = state_kind::kTensorAttribute;
+    } else if (v.isInt() || v.isDouble() || v.isBool() || v.isString()) {
+      Tensor t = v.isInt()      ? torch::tensor(v.toInt(), torch::kLong)
+                 : v.isDouble() ? torch::tensor(v.toDouble(), torch::kDouble)
+                 : v.isBool()   ? torch::tensor(v.toBool())
+                                : torch::tensor(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())), torch::kLong);
+      out.emplace_back(name, t);
+      attribute_kinds_[name] = kind;
+    } else {
+      size_t k = 0;
+      auto each = [&](const IValue& e) { attribute_tensors(fmt::format("{}.{}", name, k++), e, state_kind::kScalarAttribute, out); };
+      if (v.isList()) {
+        for (const auto& e : v.toListRef()) each(e);
+      } else if (v.isTuple()) {
+        for (const auto& e : v.toTupleRef().elements()) each(e);
+      } else if (v.isGenericDict()) {
+        for (const auto& kv : v.toGenericDict()) each(kv.value());
+      }
+    }
+  }
+
+  NamedTensors extra_state() override {
+    NamedTensors out;
+    for (const auto& a : attributes_) {
+      attribute_tensors(a.full, a.object->getSlot(a.slot), a.name == "training" ? state_kind::kMode : state_kind::kScalarAttribute,
+                        out);
+    }
+    return out;
+  }
+
   torch::jit::Module module_;
+  std::vector<Attribute> attributes_;
+  std::map<std::string, std::string> attribute_kinds_;
   std::string name_;
   TorchScriptInputs inputs_;
   uint64_t seed_;
@@ -329,19 +481,25 @@ torch::jit::Operation site_call_op(const torch::jit::Node* node) {
       torch::jit::push(stack, call_plain(std::move(rest)));
       return;
     }
+    // The tensors among the actual arguments are the checkpoint's inputs; the other arguments
+    // (None for an absent mask, numbers, flags) go to every call unchanged.
     std::vector<Tensor> xs;
-    for (const auto& a : rest) xs.push_back(a.toTensor());
+    std::vector<size_t> tensor_at;
+    for (size_t i = 0; i < rest.size(); ++i) {
+      if (rest[i].isTensor()) {
+        xs.push_back(rest[i].toTensor());
+        tensor_at.push_back(i);
+      }
+    }
     auto structure = std::make_shared<IValue>();
-    SiteFn fn = [self, model, runner, structure](const std::vector<Tensor>& ts) {
+    SiteFn fn = [self, model, runner, structure, rest, tensor_at](const std::vector<Tensor>& ts) {
       RunnerScope scope(runner, model);
       torch::jit::Method method(self, &self->type()->getMethod("forward"));
-      IValue out = method(std::vector<IValue>(ts.begin(), ts.end()));
+      auto call_args = rest;
+      for (size_t k = 0; k < tensor_at.size(); ++k) call_args[tensor_at[k]] = ts[k];
+      IValue out = method(std::move(call_args));
       std::vector<Tensor> outs;
-      if (out.isTensor()) {
-        outs.push_back(out.toTensor());
-      } else {
-        for (const auto& e : out.toTupleRef().elements()) outs.push_back(e.toTensor());
-      }
+      output_tensors(out, outs);
       *structure = out;
       return outs;
     };

@@ -20,6 +20,8 @@ struct TorchScriptInputs {
   std::string dtype = "float32";
   std::string range;            // "LO,HI": integers in [LO, HI) (token ids) or uniform floats
   std::string file;             // tensors saved from Python with torch.save (tensor, list or tuple)
+  /// Training flags: "as-saved" (each module's flag as exported), "train" or "eval" (all modules).
+  std::string mode = "as-saved";
 };
 
 /// Loads a TorchScript file; throws UsageError for a missing or corrupt file or bad input

@@ -65,6 +65,9 @@ class ConsoleReporter : public Reporter {
     }
     if (r.config.contains("tolerance")) h += ", tolerance " + r.config["tolerance"].get<std::string>();
     if (r.config.contains("amp") && r.config["amp"] != "off") h += ", amp " + r.config["amp"].get<std::string>();
+    if (!r.model.eval_modules.empty()) {
+      h += fmt::format("\nin eval mode (as exported; --mode train changes that): {}", fmt::join(r.model.eval_modules, " "));
+    }
     return h;
   }
 

@@ -44,7 +44,7 @@ nlohmann::json report_json(const Report& r) {
   j["model"] = {{"name", r.model.name},       {"options", r.model.options},
                 {"sites", r.model.sites},     {"candidates", r.model.candidates},
                 {"checkpointed", r.model.checkpointed}, {"units", r.model.units},
-                {"policy", r.model.policy}};
+                {"policy", r.model.policy},           {"eval_modules", r.model.eval_modules}};
   j["config"] = r.config;
   j["checks"] = nlohmann::json::array();
   for (const auto& c : r.checks) {

@@ -22,6 +22,7 @@ struct ModelInfo {
   std::vector<std::string> checkpointed;  // every site inside a checkpointed unit
   std::vector<std::string> units;         // unit labels ("blocks.0", "blocks.0..blocks.1")
   std::string policy;
+  std::vector<std::string> eval_modules;  // modules whose training flag is off during the steps
 };
 
 struct Report {

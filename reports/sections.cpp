@@ -114,7 +114,7 @@ std::vector<BenchRow> bench_rows(const Report& r) {
 std::string bench_header(const Report& r) {
   const auto& s = r.sections;
   return fmt::format("device {}, baseline {} (parameters {}, gradients {}; Adam's moments would add {}); {} rounds, "
-                     "policies interleaved; x none of time: paired per round, with its 95% interval; {}",
+                     "policies interleaved; time x none: ratio of the means of the fastest 30% of steps, with its 95% interval; {}",
                      str(s, "device"), bytes_text(s["baseline_bytes"]), bytes_text(s["parameter_bytes"]),
                      bytes_text(s["gradient_bytes"]), bytes_text(s["adam_state_bytes"]), s.value("rounds", 0), str(s, "clock"));
 }

@@ -55,9 +55,9 @@ class Competitor:
         self.thread.join()
 
 
-def run_once(ckcheck, bench_args):
+def run_once(ckcheck, bench_args, keep=None):
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "bench.json")
+        path = keep or os.path.join(tmp, "bench.json")
         cmd = [ckcheck, "bench", *bench_args, "--report", "json=" + path]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(path) as f:
@@ -69,19 +69,23 @@ def main():
     p.add_argument("--ckcheck", required=True)
     p.add_argument("--runs", type=int, default=5, help="runs in each condition")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--keep", help="folder to keep each run's JSON report in")
     p.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then the arguments of ckcheck bench")
     a = p.parse_args()
     bench_args = a.bench_args[1:] if a.bench_args[:1] == ["--"] else a.bench_args
     reports = []
+    if a.keep:
+        os.makedirs(a.keep, exist_ok=True)
     for condition in ("quiet", "loaded"):
         for i in range(a.runs):
             t0 = time.monotonic()
+            keep = os.path.join(a.keep, f"{condition}-{i + 1}.json") if a.keep else None
             if condition == "quiet":
-                r = run_once(a.ckcheck, bench_args)
+                r = run_once(a.ckcheck, bench_args, keep)
                 busy = 0.0
             else:
                 with Competitor(a.seed * 1000 + i) as c:
-                    r = run_once(a.ckcheck, bench_args)
+                    r = run_once(a.ckcheck, bench_args, keep)
                 busy = c.busy_seconds
             took = time.monotonic() - t0
             reports.append((condition, r))

@@ -25,7 +25,7 @@ echo "== against torch.utils.checkpoint (reentrant, non-reentrant, SAC), interle
 echo "== where torch.utils.checkpoint and ckcheck::checkpoint differ (tests/python/test_torch_checkpoint_semantics.py)"
 "$python" tests/python/test_torch_checkpoint_semantics.py | tee "$out/semantics.md"
 echo "== stability of ckcheck bench: 5 runs quiet, 5 beside a CPU-bound process that starts and stops at random"
-python3 scripts/bench_stability.py --ckcheck "$build/ckcheck" --runs "${CKCHECK_STABILITY_RUNS:-5}" -- \
+python3 scripts/bench_stability.py --ckcheck "$build/ckcheck" --runs "${CKCHECK_STABILITY_RUNS:-5}" --keep "$out/stability" -- \
   --model transformer --layers 4 --hidden 256 --heads 8 --seq 128 --batch 8 --vocab 64 \
   --policies none,every:1,every:2,every:4,segments:sqrt,sites:*.attn,sites:*.ffn --steps 10 --warmup 2 \
   | tee "$out/stability.md"

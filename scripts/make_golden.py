@@ -11,8 +11,10 @@ import sys
 FLOAT = re.compile(r'(?<![\w.])-?(?:\d+\.\d+(?:e[-+]?\d+)?|\d+e[-+]?\d+|\d{2,})(?![\w.])')
 VERSION = re.compile(r'(ckcheck |"version": ")\d+\.\d+\.\d+')
 
-# What the build was made against differs between machines.
-BUILD = re.compile(r'^(\s*"(?:ckcheck|libtorch|cuda|cuda_version)": ).*?(,?)$')
+# What differs between machines: what the build was made against, the clocks the platform offers,
+# and what time measurements decide.
+BUILD = re.compile(r'^(\s*"(?:ckcheck|libtorch|cuda|cuda_version|clock|instructions_ratio|recommendation|'
+                   r'recommendation_reason|too_noisy)": ).*?(,?)$')
 
 def convert(line):
     line = BUILD.sub(lambda m: m.group(1) + '{{any}}' + m.group(2), line.rstrip('\n')) + '\n'

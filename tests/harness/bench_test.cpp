@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "fixtures/registry.h"
 #include "harness/errors.h"
 
@@ -160,19 +162,26 @@ TEST(Recommend, TooNoisyKeepsOnlyTheMemoryVerdict) {
   EXPECT_EQ(budget.recommendation, "every:4") << "fits, and recomputes least";
 }
 
-TEST(PairedRatio, GeometricMeanWithAnIntervalThatCoversIt) {
-  const std::vector<double> den = {1.0, 1.1, 0.9, 1.0, 1.2, 1.0, 0.95, 1.05};
-  std::vector<double> num;
-  for (double d : den) num.push_back(1.3 * d);
-  const auto exact = paired_ratio(num, den);
-  EXPECT_NEAR(exact[0], 1.3, 1e-12);
-  EXPECT_NEAR(exact[1], 1.3, 1e-12) << "paired: the load that scales both sides cancels";
-  EXPECT_NEAR(exact[2], 1.3, 1e-12);
-  num[2] *= 1.5;  // one noisy round widens the interval
-  const auto wide = paired_ratio(num, den);
-  EXPECT_LT(wide[1], wide[0]);
-  EXPECT_GT(wide[2], wide[0]);
-  EXPECT_EQ(paired_ratio(num, den), wide) << "the same samples give the same interval";
+TEST(FastRatio, LoadThatComesAndGoesDoesNotMoveTheRatio) {
+  // A policy 1.3x slower than none, measured interleaved while another process slows half of
+  // none's steps and 60% of the policy's by 2x.
+  std::vector<double> none, policy;
+  for (int i = 0; i < 40; ++i) {
+    none.push_back((i % 2 == 0 ? 1.0 : 2.0) * (1 + 0.001 * (i % 5)));
+    policy.push_back(1.3 * (i % 5 < 3 ? 2.0 : 1.0) * (1 + 0.001 * (i % 7)));
+  }
+  const auto r = fast_ratio(policy, none);
+  EXPECT_NEAR(r[0], 1.3, 0.01);
+  EXPECT_LE(r[1], r[0]);
+  EXPECT_GE(r[2], r[0]);
+  EXPECT_LE(r[1], 1.3);
+  EXPECT_GE(r[2], 1.3) << "the interval covers the true ratio";
+  EXPECT_LT(r[2] - r[1], 0.25) << "and stays narrower than the load's effect on a mean";
+  EXPECT_EQ(fast_ratio(policy, none), r) << "the same samples give the same interval";
+  EXPECT_EQ(fast_ratio(none, none), (std::array<double, 3>{1.0, 1.0, 1.0}));
+  // The negative control: a mean would have followed the load.
+  const double mean_ratio = std::accumulate(policy.begin(), policy.end(), 0.0) / std::accumulate(none.begin(), none.end(), 0.0);
+  EXPECT_GT(std::abs(mean_ratio - 1.3), 0.05);
 }
 
 TEST(Bench, InterleavesPoliciesAndMeasuresNoneAsTheReference) {

@@ -33,7 +33,7 @@ Pair run_pair(const ModelCase& c, RunConfig config = {}) {
 std::vector<std::string> differing(const Pair& p, bool buffers) {
   std::vector<std::string> out;
   for (const auto& t : p.reference.tensors) {
-    if ((t.kind == "buffer") != buffers) continue;
+    if (is_state_kind(t.kind) != buffers) continue;
     const auto* other = p.checkpointed.find(t.name, t.kind, t.step);
     if (!other) {
       out.push_back(t.name + " (missing)");

@@ -63,15 +63,24 @@ class Golden : public ::testing::TestWithParam<std::string> {
         "--report", "json=" + dir + "/golden_run.json", "--report", "junit=" + dir + "/golden_run.xml",
         "--report", "markdown=" + dir + "/golden_run.md", "--report", "html=" + dir + "/golden_run.html"};
     exit_code_ = cli::run_cli(args);
+    // The bench contract: a tiny model, no extra rounds, no too-fine warning to come and go.
+    bench_exit_code_ = cli::run_cli({"bench", "--model", "mlp", "--layers", "2", "--hidden", "4", "--policies",
+                                     "none,every:1", "--steps", "3", "--warmup", "1", "--time-budget", "0",
+                                     "--max-overhead", "100", "--report", "json=" + dir + "/golden_bench.json"});
   }
-  static int exit_code_;
+  static int exit_code_, bench_exit_code_;
   static std::string dir_;
 };
 int Golden::exit_code_ = -1;
+int Golden::bench_exit_code_ = -1;
 std::string Golden::dir_;
 
 TEST_P(Golden, ReportMatchesItsGoldenFile) {
-  ASSERT_EQ(exit_code_, 1);
+  if (GetParam().rfind("bench", 0) == 0) {
+    ASSERT_EQ(bench_exit_code_, 0);
+  } else {
+    ASSERT_EQ(exit_code_, 1);
+  }
   const auto actual = lines_of(dir_ + "/golden_" + GetParam());
   const auto golden = lines_of(testing::test_source_dir() + "/reports/golden/" + GetParam() + ".golden");
   ASSERT_FALSE(golden.empty());
@@ -83,7 +92,7 @@ TEST_P(Golden, ReportMatchesItsGoldenFile) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, Golden,
-                         ::testing::Values("run.txt", "run.json", "run.xml", "run.md", "run.html"),
+                         ::testing::Values("run.txt", "run.json", "run.xml", "run.md", "run.html", "bench.json"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '.', '_');

@@ -7,6 +7,7 @@
 #include "fixtures/registry.h"
 #include "harness/errors.h"
 #include "harness/runner.h"
+#include "tests/support/run_case.h"
 
 namespace ckcheck {
 namespace {
@@ -116,6 +117,29 @@ TEST(ModelRegistry, UnknownNameListsTheKnownOnes) {
   EXPECT_THROW(make_model("mlp", {{"layers", "0"}}, 0), UsageError);
   EXPECT_THROW(make_model("mlp", {{"dropout", "x"}}, 0), UsageError);
   EXPECT_THROW(make_model("faulty/stateful-counter", {{"fault-site", "3"}}, 0), UsageError);
+}
+
+}  // namespace
+}  // namespace ckcheck
+
+namespace ckcheck {
+namespace {
+
+// No finding's cause may contradict another check of the same report: non-deterministic only
+// where the determinism probe itself fails or warns, stateful only where it names a changed state.
+TEST_P(EveryModel, NoFindingContradictsAnotherCheck) {
+  if (GetParam() == "faulty/rank-fault") GTEST_SKIP() << "needs ranks";
+  const auto r = testing::run_case({GetParam(), {}, "every:1", 0});
+  const auto& determinism = r.check("determinism");
+  for (const auto& c : r.results) {
+    for (const auto& f : c.findings) {
+      if (f.cause == Cause::kNonDeterministic || f.cause == Cause::kStateful) {
+        EXPECT_TRUE(determinism.status == Status::kFail || determinism.status == Status::kWarn)
+            << c.id << " blames " << cause_name(f.cause) << " at " << f.site << " while determinism is "
+            << status_name(determinism.status) << ": " << r.summary();
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -288,8 +288,6 @@ class Judge {
   std::vector<std::string> notes;
 
  private:
-  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
   std::string pass_summary(const std::string& id, int cases) {
     if (id == "determinism") return fmt::format("identical calls gave identical results in {}", count_of(cases, "case"));
     if (id == "input-mutation") return "changes no argument its schema does not mark as mutable";

@@ -34,8 +34,12 @@ Op find_op(const std::string& qualified) {
   const auto dot = qualified.find('.');
   const std::string name = qualified.substr(0, dot);
   const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
-  if (name.find("::") == std::string::npos) {
-    throw UsageError(fmt::format("--op {}: give the op as namespace::name, as myops::fused_gelu", qualified));
+  const auto colons = name.find("::");
+  const bool bad_overload = dot != std::string::npos && (overload.empty() || overload.find('.') != std::string::npos);
+  if (colons == std::string::npos || colons == 0 || colons + 2 >= name.size() || bad_overload) {
+    throw UsageError(fmt::format("--op '{}': give the op as namespace::name or namespace::name.overload, as "
+                                 "myops::fused_gelu or aten::add.Tensor",
+                                 qualified));
   }
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!handle) {
@@ -382,8 +386,9 @@ std::vector<std::vector<int64_t>> parse_shapes(const std::string& text) {
   std::string num;
   auto flush_num = [&] {
     const auto v = parse_int(num);
-    if (!v || *v < 0) {
-      throw UsageError(fmt::format("--shapes '{}': write one shape per tensor argument, as 4x16,4x16", text));
+    if (!v || *v < 1 || *v > (int64_t{1} << 28)) {
+      throw UsageError(fmt::format("--shapes '{}': write one shape per tensor argument, sizes of at least 1, as 4x16,4x16",
+                                   text));
     }
     cur.push_back(*v);
     num.clear();
@@ -397,6 +402,13 @@ std::vector<std::vector<int64_t>> parse_shapes(const std::string& text) {
       cur.clear();
     } else {
       num += c;
+    }
+  }
+  for (const auto& shape : shapes) {
+    double elements = 1;
+    for (auto n : shape) elements *= static_cast<double>(n);
+    if (elements > static_cast<double>(int64_t{1} << 28)) {
+      throw UsageError(fmt::format("--shapes '{}': a shape of {:g} elements; at most 2^28 per tensor", text, elements));
     }
   }
   return shapes;

@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <iostream>
@@ -59,6 +61,12 @@ int run_cli(const std::vector<std::string>& args) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     const auto subs = app.get_subcommands();
+    if (subs.empty() && !args.empty()) {
+      std::vector<std::string> names;
+      for (const auto* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+      return fail_usage(fmt::format("unknown command or option '{}'; commands: {} (see `ckcheck --help`)", args.front(),
+                                    fmt::join(names, ", ")));
+    }
     const std::string hint = subs.empty() ? "ckcheck --help" : "ckcheck " + subs.front()->get_name() + " --help";
     return fail_usage(std::string(e.what()) + " (see `" + hint + "`)");
   } catch (const UsageError& e) {

@@ -32,16 +32,23 @@ void setup_bench(CLI::App& app, int& exit_code) {
   sub->add_option("--policies", o->policies,
                   "policies to measure, comma-separated (default: none, every:1, every:2, every:4, "
                   "segments:sqrt, sites:*.attn, sites:*.ffn -- those that apply to the model)")
-      ->delimiter(',');
-  sub->add_option("--steps", o->steps, "measured rounds (one step of each policy per round)")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{100000}));
-  sub->add_option("--warmup", o->warmup, "unmeasured steps before them")->capture_default_str()->check(CLI::Range(int64_t{0}, int64_t{100000}));
-  sub->add_option("--memory-budget", o->memory_budget, "memory the step may use, as 8GiB or 512MiB: recommend the fastest policy that fits");
-  sub->add_option("--max-overhead", o->max_overhead, "warn above this much extra step time (0.5 = +50%)")->capture_default_str();
+      ->delimiter(',')
+      ->check(non_empty("a policy, as every:2"));
+  sub->add_option("--steps", o->steps, "measured rounds (one step of each policy per round)")->capture_default_str()->check(whole_number(1, 10000));
+  sub->add_option("--warmup", o->warmup, "unmeasured steps before them")->capture_default_str()->check(whole_number(0, 1000));
+  sub->add_option("--memory-budget", o->memory_budget, "memory the step may use, as 8GiB or 512MiB: recommend the fastest policy that fits")
+      ->check(non_empty("a memory size, as 8GiB or 512MiB"));
+  sub->add_option("--max-overhead", o->max_overhead, "warn above this much extra step time (0.5 = +50%)")
+      ->capture_default_str()
+      ->check(finite_number(0, 1e6, /*lo_open=*/true));
   sub->add_option("--time-budget", o->time_budget,
                   "seconds of extra rounds allowed when a policy measures faster than none beyond the noise (it "
                   "does more work, so the machine is noisy); past it only the memory verdict is given")
-      ->capture_default_str();
-  sub->add_option("--threads", o->threads, "intra-op threads (default: LibTorch's)");
+      ->capture_default_str()
+      ->check(finite_number(0, 86400));
+  sub->add_option("--threads", o->threads,
+                  fmt::format("intra-op threads, 1 to {} (four per hardware thread; default: LibTorch's)", max_threads()))
+      ->check(whole_number(1, static_cast<uint64_t>(max_threads())));
   sub->add_option("--report", o->reports,
                   "FORMAT or FORMAT=PATH, repeatable: console (default), json, markdown, html (with a memory-time chart), junit")
       ->type_name("FORMAT[=PATH]");
@@ -50,10 +57,7 @@ void setup_bench(CLI::App& app, int& exit_code) {
 
 int run_bench_command(const BenchCliOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto targets = report_targets(o.reports);
-  if (!(o.max_overhead > 0)) throw UsageError("--max-overhead must be above 0 (0.5 means +50%)");
-  if (!(o.time_budget >= 0 && o.time_budget <= 86400)) throw UsageError("--time-budget must be between 0 and 86400 seconds");
-  if (o.threads < 0) throw UsageError("--threads must be positive");
+  const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   if (o.threads > 0) torch::set_num_threads(o.threads);
   BenchOptions options;
   options.policies = split_list(o.policies);

@@ -5,11 +5,18 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <set>
+#include <thread>
 #include <sys/stat.h>
 
 #include "fixtures/registry.h"
 #include "harness/errors.h"
+#include "harness/text.h"
 #include "harness/torchscript_model.h"
 
 namespace ckcheck::cli {
@@ -59,19 +66,21 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_
   app.add_option("--sites", args.sites,
                  "where checkpoints may go: globs over module paths, comma-separated or repeated "
                  "(default: the model's own blocks); '*' matches dots too, as in '*.attn'")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(non_empty("a glob over module paths, as 'blocks.*'"));
   if (with_policy) {
     app.add_option("--policy", args.policy,
                    "which candidate sites are checkpointed: none, every:K, segments[:N] (N "
                    "defaults to sqrt of the candidates), sites:GLOB[,GLOB]")
         ->capture_default_str();
   }
-  app.add_option("--seed", args.seed, "seed for parameters, inputs, dropout and upstream gradients")
-      ->capture_default_str();
+  app.add_option("--seed", args.seed, "seed for parameters, inputs, dropout and upstream gradients (0 to 2^64-1)")
+      ->capture_default_str()
+      ->check(whole_number(0, UINT64_MAX));
   if (with_steps) {
     app.add_option("--steps", args.steps, "training steps, with an SGD update between them")
         ->capture_default_str()
-        ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+        ->check(whole_number(1, 10000));
   }
   app.add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--amp", args.amp, "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)")->capture_default_str();
@@ -119,9 +128,9 @@ torch::Device parse_device(const std::string& text) {
 }
 
 namespace {
-bool is_file(const std::string& path) {
+bool exists(const std::string& path) {
   struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  return stat(path.c_str(), &st) == 0;
 }
 bool looks_like_path(const std::string& name) {
   auto ends = [&name](const std::string& s) {
@@ -132,9 +141,12 @@ bool looks_like_path(const std::string& name) {
 }
 }  // namespace
 
-std::unique_ptr<Model> build_model(const ModelArgs& args) {
+std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size) {
   const auto given = args.given_options();
-  if (is_file(args.model) || looks_like_path(args.model)) {
+  bool builtin = false;
+  for (const auto& spec : builtin_models()) builtin = builtin || spec.name == args.model;
+  // A built-in name wins over a file of that name in the working folder (write ./NAME for the file).
+  if (!builtin && (exists(args.model) || looks_like_path(args.model))) {
     if (!given.empty()) {
       throw UsageError(fmt::format("--{} is an option of the built-in models; a TorchScript model "
                                    "takes --input-shape, --input-dtype, --input-range or --input",
@@ -153,7 +165,7 @@ std::unique_ptr<Model> build_model(const ModelArgs& args) {
                                  "built-in model {}",
                                  args.torchscript_flags.front(), args.model));
   }
-  return make_model(args.model, given, args.seed);
+  return make_model(args.model, given, args.seed, world_size);
 }
 
 RunConfig run_config(const ModelArgs& args) {
@@ -198,17 +210,84 @@ std::string model_command_line(const ModelArgs& args, bool with_policy) {
   return s;
 }
 
-std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports) {
+namespace {
+// The absolute path of a file that may not exist yet: its folder resolved, its name kept.
+std::string canonical_new_path(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  char resolved[PATH_MAX];
+  if (!realpath(dir.c_str(), resolved)) return path;
+  return std::string(resolved) + "/" + path.substr(slash == std::string::npos ? 0 : slash + 1);
+}
+}  // namespace
+
+std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports,
+                                        const std::vector<std::string>& inputs) {
   std::vector<ReportTarget> out;
   bool to_stdout = false;
+  // Files by identity, so that two spellings of one file (or a link to it) are caught.
+  auto identity = [](const std::string& path) -> std::optional<std::pair<dev_t, ino_t>> {
+    struct stat st;
+    if (path.empty() || stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+    return std::make_pair(st.st_dev, st.st_ino);
+  };
+  std::map<std::pair<dev_t, ino_t>, std::string> taken;
+  std::map<std::string, std::string> new_files;
+  for (const auto& in : inputs) {
+    if (const auto id = identity(in)) taken[*id] = "the input file '" + in + "'";
+  }
   for (const auto& r : reports) {
     out.push_back(parse_report_target(r));
-    to_stdout = to_stdout || out.back().path.empty();
+    const auto& t = out.back();
+    to_stdout = to_stdout || t.sink == ReportTarget::Sink::kStdout;
+    if (t.sink != ReportTarget::Sink::kFile) continue;
+    const auto id = identity(t.path);
+    const auto clash = id ? taken.find(*id) : taken.end();
+    const auto key = canonical_new_path(t.path);
+    const auto twice = new_files.find(key);
+    if (clash != taken.end() || twice != new_files.end()) {
+      throw UsageError(fmt::format("--report {} would overwrite {}; give each report its own file", r,
+                                   clash != taken.end() ? clash->second : "--report " + twice->second));
+    }
+    if (id) taken[*id] = "--report " + r;
+    new_files[key] = r;
   }
   // The console summary always comes unless another report already goes to standard output.
-  if (!to_stdout) out.insert(out.begin(), ReportTarget{"console", ""});
+  if (!to_stdout) out.insert(out.begin(), ReportTarget{"console", "", ReportTarget::Sink::kStdout, "console"});
   return out;
 }
+
+CLI::Validator whole_number(uint64_t lo, uint64_t hi) {
+  const auto range = fmt::format("a whole number from {} to {}", lo, hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        bool digits = !text.empty() && text.size() <= 20;
+        for (char c : text) digits = digits && c >= '0' && c <= '9';
+        errno = 0;
+        const unsigned long long v = digits ? std::strtoull(text.c_str(), nullptr, 10) : 0;
+        if (!digits || errno == ERANGE || v < lo || v > hi) return fmt::format("'{}' is not {}", text, range);
+        return "";
+      },
+      "", "WHOLE");
+}
+
+CLI::Validator finite_number(double lo, double hi, bool lo_open) {
+  const auto range = fmt::format("a number {}{:g}, at most {:g}", lo_open ? "above " : "at least ", lo, hi);
+  return CLI::Validator(
+      [lo, hi, lo_open, range](std::string& text) -> std::string {
+        const auto v = parse_double(text);
+        if (!v || *v < lo || (lo_open && *v == lo) || *v > hi) return fmt::format("'{}' is not {}", text, range);
+        return "";
+      },
+      "", "FINITE");
+}
+
+CLI::Validator non_empty(const std::string& what) {
+  return CLI::Validator([what](std::string& item) -> std::string { return item.empty() ? "an empty value; give " + what : ""; },
+                        "", "NONEMPTY");
+}
+
+int max_threads() { return 4 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
 
 bool use_color() { return isatty(STDOUT_FILENO) && std::getenv("NO_COLOR") == nullptr; }
 

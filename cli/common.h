@@ -49,7 +49,8 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true, boo
 
 /// Builds the model the arguments name (a built-in fixture or a TorchScript file); throws
 /// UsageError on a bad name, option or file.
-std::unique_ptr<Model> build_model(const ModelArgs& args);
+/// `world_size` is the number of ranks of a data-parallel run.
+std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size = 1);
 
 /// The device the arguments name; throws UsageError when it is not available here.
 torch::Device parse_device(const std::string& text);
@@ -63,12 +64,26 @@ ModelInfo model_info(const Model& model, const Plan& plan);
 /// "--model transformer --layers 4 ... --seed 0": the model arguments as a command line.
 std::string model_command_line(const ModelArgs& args, bool with_policy = true);
 
-/// --report targets, validated before any work; the console report to standard output is added
+/// --report targets, validated before any work: each writable, no two the same file, none one of
+/// `inputs` (the model, input or library files). The console report to standard output is added
 /// unless a report already goes there.
-std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports);
+std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports,
+                                         const std::vector<std::string>& inputs = {});
 
 /// Whether console output gets colour: a terminal, and NO_COLOR unset.
 bool use_color();
+
+/// Checks of an option's text, run before CLI11 converts it, so that "-1" never wraps to 2^64-1,
+/// "" never becomes 0 and NaN never slips past a range: a whole number in [lo, hi] ...
+CLI::Validator whole_number(uint64_t lo, uint64_t hi);
+/// ... and a finite number in [lo, hi] (lo excluded when `lo_open`).
+CLI::Validator finite_number(double lo, double hi, bool lo_open = false);
+
+/// Refuses an empty item (a list option given '' or 'a,,b'); `what` says what an item is.
+CLI::Validator non_empty(const std::string& what);
+
+/// The most intra-op threads --threads accepts: four per hardware thread of this machine.
+int max_threads();
 
 /// Parses a comma-separated list, dropping empty items.
 std::vector<std::string> split_list(const std::vector<std::string>& items);

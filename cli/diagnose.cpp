@@ -31,7 +31,7 @@ void setup_diagnose(CLI::App& app, int& exit_code) {
 
 int run_diagnose(const RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto targets = report_targets(o.reports);
+  const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   const auto tolerance = Tolerance::parse(o.tolerance);
   auto model = build_model(o.model);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));

@@ -3,17 +3,23 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <c10/util/Logging.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <iostream>
 #include <thread>
 
+#include "harness/data_parallel.h"
 #include "harness/errors.h"
 #include "harness/text.h"
 
@@ -89,9 +95,72 @@ std::optional<RankEnvironment> rank_environment() {
     }
     e.master_addr = addr;
     e.master_port = env_int("MASTER_PORT", 29500);
+    if (e.master_port < 1 || e.master_port > 65535) {
+      throw UsageError(fmt::format("MASTER_PORT={} is not a TCP port (1 to 65535)", std::getenv("MASTER_PORT")));
+    }
+    if (*addr == '\0') throw UsageError("MASTER_ADDR is empty: set it to the address of rank 0's machine");
   }
   return e;
 }
+
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+void note_signal(int signo) { g_signal = signo; }
+
+// The ranks' error files and their folder, removed however the launcher leaves.
+struct RankFolder {
+  std::string dir;
+  std::vector<std::string> files;
+  ~RankFolder() {
+    for (const auto& f : files) std::remove(f.c_str());
+    if (!dir.empty()) rmdir(dir.c_str());
+  }
+};
+
+// SIGINT, SIGTERM and SIGHUP noted instead of ending the launcher, while it has ranks to reap.
+struct SignalNote {
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old[3];
+  SignalNote() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = note_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old[i]);
+  }
+  ~SignalNote() {
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old[i], nullptr);
+  }
+};
+
+// Sends `signo` to the ranks still running, gives them a moment, kills what is left and reaps all.
+void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& status, int signo) {
+  for (size_t r = 0; r < pids.size(); ++r) {
+    if (status[r] < 0 && pids[r] > 0) kill(pids[r], signo);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (size_t r = 0; r < pids.size(); ++r) {
+    while (status[r] < 0 && pids[r] > 0) {
+      int st = 0;
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+      } else if (std::chrono::steady_clock::now() > until) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], nullptr, 0);
+        status[r] = 128 + SIGKILL;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  }
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+
+}  // namespace
 
 int launch_ranks(int world_size, int timeout_s) {
   char exe[4096];
@@ -103,22 +172,37 @@ int launch_ranks(int world_size, int timeout_s) {
     throw UsageError("--world-size starts ckcheck itself once per rank; run it from the ckcheck program");
   }
   const int port = free_port();
+  RankFolder folder;
   char dir_template[] = "/tmp/ckcheck-ranks-XXXXXX";
   const char* dir = mkdtemp(dir_template);
   if (!dir) throw UsageError("cannot create a temporary folder for the ranks' error output");
+  folder.dir = dir;
 
+  SignalNote signals;
+  const pid_t launcher = getpid();
   std::vector<pid_t> pids(world_size, -1);
-  std::vector<std::string> errs(world_size);
+  std::vector<int> status(world_size, -1);  // exit status, -1 while running
+  std::vector<std::string> errs, waits;
   for (int r = 0; r < world_size; ++r) {
-    errs[r] = fmt::format("{}/rank{}.err", dir, r);
+    errs.push_back(fmt::format("{}/rank{}.err", dir, r));
+    waits.push_back(fmt::format("{}/rank{}.wait", dir, r));
+    folder.files.push_back(errs.back());
+    folder.files.push_back(waits.back());
     const pid_t pid = fork();
-    if (pid < 0) throw UsageError("cannot start the ranks: fork failed");
+    if (pid < 0) {
+      stop_ranks(pids, status, SIGKILL);
+      throw UsageError("cannot start the ranks: fork failed");
+    }
     if (pid == 0) {
+      // Die with the launcher, whatever ends it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(1);
       setenv("RANK", std::to_string(r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("CKCHECK_RANK_WAIT_FILE", waits[r].c_str(), 1);
       const int err = open(errs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (err >= 0) dup2(err, STDERR_FILENO);
       if (r != 0) {
@@ -135,12 +219,22 @@ int launch_ranks(int world_size, int timeout_s) {
     pids[r] = pid;
   }
 
-  std::vector<int> status(world_size, -1);  // exit status, -1 while running
   const auto start = std::chrono::steady_clock::now();
   std::string problem;
   int failed_rank = -1;
   std::optional<std::chrono::steady_clock::time_point> grace;
   for (;;) {
+    if (g_signal != 0) {
+      const int signo = g_signal;
+      std::vector<int> running;
+      for (int r = 0; r < world_size; ++r) {
+        if (status[r] < 0) running.push_back(r);
+      }
+      stop_ranks(pids, status, signo);
+      std::cerr << fmt::format("ckcheck: error: stopped by {}{}; no report was written\n", strsignal(signo),
+                               running.empty() ? "" : ", and so were " + ranks_text(running));
+      return 128 + signo;
+    }
     bool running = false;
     for (int r = 0; r < world_size; ++r) {
       if (status[r] >= 0) continue;
@@ -166,31 +260,88 @@ int launch_ranks(int world_size, int timeout_s) {
     }
     if (!running) break;
     const auto now = std::chrono::steady_clock::now();
-    // A little past the ranks' own timeout, so a rank that gives up waiting can say so first.
-    const bool timed_out = now - start > std::chrono::seconds(timeout_s + 10);
+    const bool timed_out = now - start >= std::chrono::seconds(timeout_s);
     if (timed_out || (grace && now > *grace)) {
-      std::vector<int> hung;
+      // The hung ranks are those not waiting on a peer; when all wait, all are named.
+      std::vector<int> hung, all;
       for (int r = 0; r < world_size; ++r) {
-        if (status[r] < 0) hung.push_back(r);
+        if (status[r] >= 0) continue;
+        all.push_back(r);
+        if (access(waits[r].c_str(), F_OK) != 0) hung.push_back(r);
       }
-      for (int r : hung) kill(pids[r], SIGKILL);
-      for (int r : hung) waitpid(pids[r], nullptr, 0);
-      const std::string who = fmt::format("{} {}", hung.size() == 1 ? "rank" : "ranks", fmt::join(hung, ", "));
+      if (hung.empty()) hung = all;
+      stop_ranks(pids, status, SIGKILL);
       // The hung rank is the news; a rank that failed meanwhile most likely gave up waiting on it.
       problem = failed_rank < 0
-                    ? fmt::format("{} did not finish within --timeout {} s (hung?); stopped", who, timeout_s)
-                    : fmt::format("{} did not finish (hung?) and was stopped; rank {} stopped with: {}", who,
+                    ? fmt::format("{} did not finish within --timeout {} s (the limit of the whole run; hung?); stopped",
+                                  ranks_text(hung), timeout_s)
+                    : fmt::format("{} did not finish{} (hung?) and was stopped; rank {} stopped with: {}", ranks_text(hung),
+                                  timed_out ? fmt::format(" within --timeout {} s", timeout_s) : std::string(),
                                   failed_rank, last_line(errs[failed_rank]));
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (problem.empty()) {
-    for (const auto& e : errs) std::remove(e.c_str());
-    rmdir(dir);
-    return status[0];
-  }
+  if (problem.empty()) return status[0];
   throw UsageError(problem);
+}
+
+namespace {
+
+class WaitMarkedCollective : public Collective {
+ public:
+  WaitMarkedCollective(std::unique_ptr<Collective> inner, std::string file)
+      : inner_(std::move(inner)), file_(std::move(file)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string backend() const override { return inner_->backend(); }
+  void allreduce_sum(std::vector<torch::Tensor>& tensors) override {
+    Waiting w(file_);
+    inner_->allreduce_sum(tensors);
+  }
+  void set(const std::string& key, const std::string& value) override { inner_->set(key, value); }
+  std::string get(const std::string& key) override {
+    Waiting w(file_);
+    return inner_->get(key);
+  }
+  void barrier() override {
+    Waiting w(file_);
+    inner_->barrier();
+  }
+
+ private:
+  struct Waiting {
+    const std::string& file;
+    explicit Waiting(const std::string& f) : file(f) {
+      const int fd = open(file.c_str(), O_WRONLY | O_CREAT, 0644);
+      if (fd >= 0) close(fd);
+    }
+    ~Waiting() { unlink(file.c_str()); }
+  };
+  std::unique_ptr<Collective> inner_;
+  std::string file_;
+};
+
+}  // namespace
+
+std::unique_ptr<Collective> mark_waits(std::unique_ptr<Collective> collective) {
+  const char* file = std::getenv("CKCHECK_RANK_WAIT_FILE");
+  if (!file || !*file) return collective;
+  return std::make_unique<WaitMarkedCollective>(std::move(collective), file);
+}
+
+void guard_rank(int rank, int world_size, int timeout_s) {
+  // c10d logs connection trouble over several lines; ckcheck says what went wrong in one.
+  FLAGS_caffe2_log_level = c10::GLOG_FATAL;
+  std::thread([rank, world_size, timeout_s] {
+    std::this_thread::sleep_for(std::chrono::seconds(timeout_s));
+    std::fprintf(stderr,
+                 "ckcheck: error: rank %d of %d: the data-parallel run did not finish within --timeout %d s (the "
+                 "limit of the whole run); stopped -- are all ranks started and MASTER_ADDR:MASTER_PORT reachable?\n",
+                 rank, world_size, timeout_s);
+    std::fflush(stderr);
+    _exit(2);
+  }).detach();
 }
 
 }  // namespace ckcheck::cli

@@ -2,9 +2,14 @@
 // launcher such as torchrun started (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace ckcheck {
+class Collective;
+}
 
 namespace ckcheck::cli {
 
@@ -24,9 +29,22 @@ struct RankEnvironment {
 /// malformed or MASTER_ADDR/MASTER_PORT are missing.
 std::optional<RankEnvironment> rank_environment();
 
-/// Starts `world_size` copies of this ckcheck as ranks 0..N-1 meeting on loopback, waits up to
-/// `timeout_s` for them, and returns rank 0's exit status. Rank 0's standard output comes through;
-/// when a rank fails or hangs, the others are stopped and a UsageError names the rank.
+/// Starts `world_size` copies of this ckcheck as ranks 0..N-1 meeting on loopback and returns
+/// rank 0's exit status. Rank 0's standard output comes through. `timeout_s` is the wall-clock
+/// limit of the whole run: past it, or when a rank fails, the others are stopped and a UsageError
+/// names the rank. SIGINT, SIGTERM and SIGHUP are forwarded to the ranks, which are reaped; the
+/// return is then 128 + the signal. Ranks die with the launcher (PR_SET_PDEATHSIG), and the
+/// folder of their error output is removed on every path.
 int launch_ranks(int world_size, int timeout_s);
+
+/// In a rank: stops the process with one line and exit status 2 once `timeout_s` seconds have
+/// passed (the run's wall-clock limit, under this launcher or torchrun), and silences c10d's own
+/// logging, whose errors ckcheck reports itself in one line.
+void guard_rank(int rank, int world_size, int timeout_s);
+
+/// In a rank started by launch_ranks: the collective, marking while it waits on its peers (a file
+/// the launcher looks at), so that at the time limit the launcher names the rank that hung
+/// rather than the ones waiting for it. Elsewhere the collective itself.
+std::unique_ptr<Collective> mark_waits(std::unique_ptr<Collective> collective);
 
 }  // namespace ckcheck::cli

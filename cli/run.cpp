@@ -33,11 +33,14 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_flag("--recompute-fp32", o.recompute_fp32,
                "keep the recompute in fp32 under --amp (the usual mitigation; measured by the "
                "autocast check either way)");
-  app.add_option("--lr", o.lr, "learning rate of the SGD update between steps")->capture_default_str();
+  app.add_option("--lr", o.lr, "learning rate of the SGD update between steps")
+      ->capture_default_str()
+      ->check(finite_number(0, 1e6));
   app.add_option("--amp-error-factor", o.amp_error_factor,
                  "warn when checkpointed AMP gradients are this many times further from fp32 than "
-                 "plain AMP's")
-      ->capture_default_str();
+                 "plain AMP's (at least 1)")
+      ->capture_default_str()
+      ->check(finite_number(1, 1e6));
 }
 
 RunConfig run_config(const RunOptions& o) {
@@ -76,14 +79,17 @@ void setup_run(CLI::App& app, int& exit_code) {
                   "loopback: Gloo for CPU tensors, NCCL for CUDA ones; under torchrun (RANK, WORLD_SIZE, "
                   "MASTER_ADDR, MASTER_PORT set) each process joins as its rank instead")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
-  sub->add_option("--timeout", o->timeout, "seconds a data-parallel run may wait on a rank before it stops with an error")
+      ->check(whole_number(1, 256));
+  sub->add_option("--timeout", o->timeout,
+                  "the wall-clock limit of a data-parallel run, in seconds: past it the run stops with an error naming the rank "
+                  "that did not finish")
       ->capture_default_str()
-      ->check(CLI::Range(1, 86400));
+      ->check(whole_number(1, 86400));
   sub->add_flag("--diagnose", o->diagnose, "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports");
   sub->add_flag("--bench", o->bench, "also measure memory and time of the plain and checkpointed step, adding the memory and overhead checks");
   sub->add_option("--max-overhead", o->max_overhead, "with --bench: the most step time checkpointing may add (0.5 = +50%)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(finite_number(0, 1e6, /*lo_open=*/true));
   sub->callback([o, &exit_code] { exit_code = run_run(*o); });
 }
 
@@ -108,17 +114,15 @@ std::string run_command_line(const RunOptions& o) {
 
 int run_run(const RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto targets = report_targets(o.reports);
+  const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   const auto tolerance = Tolerance::parse(o.tolerance);
-  if (!(o.amp_error_factor >= 1.0)) throw UsageError("--amp-error-factor must be at least 1");
-  if (!(o.max_overhead > 0)) throw UsageError("--max-overhead must be above 0 (0.5 means +50%)");
   auto checks = select_checks(split_list(o.checks), o.bench);
-  auto model = build_model(o.model);
+  // Data-parallel: start the ranks here, or be one of them.
+  const auto env = rank_environment();
+  auto model = build_model(o.model, env ? env->world_size : o.world_size);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   auto config = run_config(o);
 
-  // Data-parallel: start the ranks here, or be one of them.
-  const auto env = rank_environment();
   if (!env && o.world_size > 1) {
     if (o.diagnose || o.bench) throw UsageError("--diagnose and --bench run in one process; drop --world-size for them");
     const auto inputs = model->make_inputs(o.model.seed);
@@ -138,8 +142,10 @@ int run_run(const RunOptions& o) {
   if (env && env->world_size > 1) {
     // A peer that dies closes its sockets: let writes to them fail as errors, not kill this rank.
     signal(SIGPIPE, SIG_IGN);
+    guard_rank(env->rank, env->world_size, o.timeout);
     if (config.device.is_cuda()) config.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
-    collective = join_process_group(env->rank, env->world_size, env->master_addr, env->master_port, config.device, o.timeout);
+    collective = mark_waits(
+        join_process_group(env->rank, env->world_size, env->master_addr, env->master_port, config.device, o.timeout));
     dp = std::make_unique<DataParallel>(*collective);
     config.data_parallel = dp.get();
   }

@@ -26,8 +26,10 @@ void setup_validate_op(CLI::App& app, int& exit_code) {
   sub->add_option("--op", o->op, "the op, as namespace::name or namespace::name.overload")->required();
   sub->add_option("--shapes", o->shapes, "one shape per tensor argument, as 4x16,4x16 (default: generated)");
   sub->add_option("--dtype", o->dtype, "dtype of the tensor arguments: float32, float64, bfloat16, int64")->capture_default_str();
-  sub->add_option("--seed", o->seed, "seed of the generated cases")->capture_default_str();
-  sub->add_option("--cases", o->cases, "generated input cases")->capture_default_str();
+  sub->add_option("--seed", o->seed, "seed of the generated cases (0 to 2^64-1)")
+      ->capture_default_str()
+      ->check(whole_number(0, UINT64_MAX));
+  sub->add_option("--cases", o->cases, "generated input cases, 1 to 10000")->capture_default_str()->check(whole_number(1, 10000));
   sub->add_option("--report", o->reports, "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
       ->type_name("FORMAT[=PATH]");
   sub->callback([o, &exit_code] { exit_code = run_validate_op(*o); });
@@ -35,7 +37,7 @@ void setup_validate_op(CLI::App& app, int& exit_code) {
 
 int run_validate_op(const ValidateOpOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto targets = report_targets(o.reports);
+  const auto targets = report_targets(o.reports, {o.library});
   static const std::map<std::string, c10::ScalarType> dtypes = {
       {"float32", c10::kFloat}, {"float64", c10::kDouble}, {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong}};
   const auto dt = dtypes.find(o.dtype);

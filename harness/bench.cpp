@@ -136,6 +136,11 @@ std::vector<Entry> bench_entries(const Model& model, const std::vector<std::stri
   auto names = given ? options.policies : default_bench_policies();
   // none is the reference of every ratio: always measured, first.
   if (std::find(names.begin(), names.end(), "none") == names.end()) names.insert(names.begin(), "none");
+  // --sites must match, as for run and diagnose: a glob that matches nothing is a typing error,
+  // not a table of policies that do not apply.
+  // The same for a candidate site that cannot be checkpointed: checkpointing every candidate
+  // names it.
+  Plan::make(model, site_globs, Policy::parse("every:1"));
   std::vector<Entry> entries;
   for (const auto& name : names) {
     try {
@@ -546,7 +551,13 @@ int64_t parse_bytes(const std::string& text) {
       {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
       {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
   for (const auto& [name, factor] : units) {
-    if (used && unit == name && v >= 0 && std::isfinite(v)) return static_cast<int64_t>(v * factor);
+    if (!(used && unit == name && v >= 0 && std::isfinite(v))) continue;
+    // 2^62 bytes (4 EiB) is beyond any machine; a larger number is a typing error, not a budget.
+    if (v * factor > 4611686018427387904.0) {
+      throw UsageError(fmt::format("memory size '{}' is beyond any machine (more than 4 EiB); write it as 8GiB, 512MiB or 1.5GB",
+                                   text));
+    }
+    return static_cast<int64_t>(v * factor);
   }
   throw UsageError(fmt::format("memory size '{}' not understood; write it as 8GiB, 512MiB, 1.5GB or a number of bytes", text));
 }

@@ -57,15 +57,16 @@ Tolerance Tolerance::parse(const std::string& text) {
   if (text.rfind("ulp=", 0) == 0) {
     t.kind = Kind::kUlp;
     const double v = parse_number(text.substr(4), text);
-    if (v != std::floor(v)) {
-      throw UsageError(fmt::format("tolerance '{}': ulp needs a whole number; valid forms: {}", text,
-                                   kToleranceForms));
+    // Float32 values lie at most 2^32 units in the last place apart: a larger bound accepts anything.
+    if (v != std::floor(v) || v > 4294967296.0) {
+      throw UsageError(fmt::format("tolerance '{}': ulp needs a whole number from 0 to 4294967296; valid forms: {}",
+                                   text, kToleranceForms));
     }
     t.ulp = static_cast<int64_t>(v);
     return t;
   }
   t.kind = Kind::kClose;
-  bool any = false;
+  bool any = false, seen_rtol = false, seen_atol = false;
   size_t start = 0;
   while (start <= text.size()) {
     size_t comma = text.find(',', start);
@@ -75,6 +76,11 @@ Tolerance Tolerance::parse(const std::string& text) {
     if (eq == std::string::npos || (key != "rtol" && key != "atol")) {
       throw UsageError(fmt::format("unknown tolerance '{}'; valid forms: {}", text, kToleranceForms));
     }
+    bool& seen = key == "rtol" ? seen_rtol : seen_atol;
+    if (seen) {
+      throw UsageError(fmt::format("tolerance '{}' gives {} twice; give each of rtol and atol at most once", text, key));
+    }
+    seen = true;
     (key == "rtol" ? t.rtol : t.atol) = parse_number(part.substr(eq + 1), text);
     any = true;
     if (comma == std::string::npos) break;

@@ -61,6 +61,9 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
   throw UsageError("this ckcheck was built without c10d's Gloo backend (a LibTorch without it, or no Gloo headers: install libgloo-dev), so --world-size is not available");
 #else
   const auto timeout = std::chrono::milliseconds(1000ll * timeout_seconds);
+  // A collective gives up in half the run's limit, so that a rank waiting on a hung peer says so
+  // (and the launcher can name the peer) before the limit stops them all.
+  const auto op_timeout = std::chrono::milliseconds(std::max<int64_t>(1000, 500ll * timeout_seconds));
   c10::intrusive_ptr<c10d::Store> store;
   try {
     c10d::TCPStoreOptions opts;
@@ -70,6 +73,7 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
     opts.waitWorkers = true;
     opts.timeout = timeout;
     store = c10::make_intrusive<c10d::TCPStore>(master_addr, opts);
+    store->setTimeout(op_timeout);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("rank {} could not reach the store at {}:{} within {} s: {}", rank,
                                          master_addr, master_port, timeout_seconds,
@@ -78,7 +82,7 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
   if (device.is_cuda()) {
 #ifdef CKCHECK_NCCL
     auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = timeout;
+    options->timeout = op_timeout;
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
     return std::make_unique<C10dCollective>(
         rank, world_size, "nccl", store, [pg](std::vector<torch::Tensor>& t) { pg->allreduce(t)->wait(); },
@@ -87,7 +91,7 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
     throw UsageError("CUDA tensors need NCCL, and this ckcheck was built without it (a LibTorch without NCCL, or no nccl.h at build time)");
 #endif
   }
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  auto options = c10d::ProcessGroupGloo::Options::create(op_timeout);
   const bool loopback = master_addr == "127.0.0.1" || master_addr == "localhost";
   options->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                       : c10d::ProcessGroupGloo::createDefaultDevice());

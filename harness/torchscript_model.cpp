@@ -9,6 +9,8 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/script.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -19,6 +21,15 @@
 
 namespace ckcheck {
 namespace {
+
+// Why `path` is not a regular file to read ("" when it is one).
+std::string not_a_file(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return errno == ENOENT || errno == ENOTDIR ? "no such file" : std::strerror(errno);
+  if (S_ISDIR(st.st_mode)) return "is a folder, not a file";
+  if (!S_ISREG(st.st_mode)) return "is a device, pipe or socket, not a file";
+  return "";
+}
 
 using c10::IValue;
 using torch::Tensor;
@@ -156,14 +167,12 @@ class TorchScriptModel : public Model {
         if (!problem.empty()) problems_[path] = problem;
       }
     }
+    // The default candidates are the top-level submodules, all of them: one that cannot be
+    // checkpointed is an error naming it (choose others with --sites), never silently left out.
     for (const auto& s : sites_) {
-      if (s.find('.') == std::string::npos && !problems_.count(s)) default_sites_.push_back(s);
+      if (s.find('.') == std::string::npos) default_sites_.push_back(s);
     }
-    if (default_sites_.empty()) {
-      for (const auto& s : sites_) {
-        if (!problems_.count(s)) default_sites_.push_back(s);
-      }
-    }
+    if (default_sites_.empty()) default_sites_ = sites_;
   }
 
   std::string name() const override { return name_; }
@@ -306,6 +315,9 @@ class TorchScriptModel : public Model {
   }
 
   std::vector<Tensor> load_inputs(const std::string& path) const {
+    if (const auto problem = not_a_file(path); !problem.empty()) {
+      throw UsageError(fmt::format("--input {}: {}; give a file of tensors saved with torch.save", path, problem));
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) throw UsageError(fmt::format("--input {}: cannot read the file ({})", path, std::strerror(errno)));
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -333,14 +345,19 @@ class TorchScriptModel : public Model {
     for (char c : inputs_.shape + ",") {
       if (c == ',' || c == 'x') {
         const auto v = parse_int(cur);
-        if (!v || *v < 0) {
-          throw UsageError(fmt::format("--input-shape '{}': give sizes as 2,3,224,224", inputs_.shape));
+        if (!v || *v < 1 || *v > (int64_t{1} << 31)) {
+          throw UsageError(fmt::format("--input-shape '{}': give sizes of at least 1, as 2,3,224,224", inputs_.shape));
         }
         shape.push_back(*v);
         cur.clear();
       } else {
         cur += c;
       }
+    }
+    double elements = 1;
+    for (auto n : shape) elements *= static_cast<double>(n);
+    if (elements > static_cast<double>(int64_t{1} << 31)) {
+      throw UsageError(fmt::format("--input-shape '{}' asks for {:g} elements; at most 2^31 are allowed", inputs_.shape, elements));
     }
     static const std::map<std::string, c10::ScalarType> dtypes = {
         {"float32", torch::kFloat}, {"float", torch::kFloat},      {"float64", torch::kDouble},
@@ -509,10 +526,6 @@ torch::jit::Operation site_call_op(const torch::jit::Node* node) {
   };
 }
 
-bool is_file(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
 
 }  // namespace
 
@@ -526,10 +539,10 @@ void register_torchscript_ops() {
 std::unique_ptr<Model> load_torchscript_model(const std::string& path, const TorchScriptInputs& inputs,
                                               uint64_t seed) {
   register_torchscript_ops();
-  if (!is_file(path)) {
-    throw UsageError(fmt::format("--model {}: no such file, and no built-in model has that name "
-                                 "(see `ckcheck list`)",
-                                 path));
+  if (const auto problem = not_a_file(path); !problem.empty()) {
+    throw UsageError(fmt::format("--model {}: {}{}", path, problem,
+                                 problem == "no such file" ? ", and no built-in model has that name (see `ckcheck list`)"
+                                                           : "; give a TorchScript file saved with torch.jit.save"));
   }
   torch::jit::Module module;
   try {
@@ -548,6 +561,8 @@ std::unique_ptr<Model> load_torchscript_model(const std::string& path, const Tor
                                  "to checkpoint",
                                  path));
   }
+  // The input options are checked now, before any step runs: their errors are the user's, not the model's.
+  model->make_inputs(seed);
   return model;
 }
 

@@ -2,7 +2,13 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include <cmath>
 #include <cstdio>
@@ -86,67 +92,126 @@ std::string folder_of(const std::string& path) {
 
 ReportTarget parse_report_target(const std::string& text) {
   ReportTarget t;
+  t.given = text;
   const auto eq = text.find('=');
   t.format = text.substr(0, eq);
-  if (eq != std::string::npos) t.path = text.substr(eq + 1);
+  const std::string path = eq == std::string::npos ? "" : text.substr(eq + 1);
   const auto& formats = report_formats();
   if (std::find(formats.begin(), formats.end(), t.format) == formats.end()) {
     throw UsageError(fmt::format("unknown report format '{}' in --report {}; formats: {} (as "
                                  "FORMAT or FORMAT=PATH)",
                                  t.format, text, fmt::join(formats, ", ")));
   }
-  if (eq != std::string::npos) {
-    if (t.path.empty() || t.path.back() == '/') {
-      throw UsageError(fmt::format("--report {}: give a file path after '='", text));
-    }
-    const auto dir = folder_of(t.path);
+  if (eq == std::string::npos || path == "-") return t;
+  if (path.empty() || path.back() == '/') {
+    throw UsageError(fmt::format("--report {}: give a file path after '=' ('-' for standard output)", text));
+  }
+  struct stat link_st, st;
+  const bool exists = lstat(path.c_str(), &link_st) == 0;
+  if (!exists) {
+    // A new file: its folder must take it.
+    const auto dir = folder_of(path);
     if (access(dir.c_str(), W_OK) != 0) {
       throw UsageError(fmt::format("--report {}: cannot write into folder '{}' ({}); create it or "
                                    "choose another path",
                                    text, dir, std::strerror(errno)));
     }
-    if (access(t.path.c_str(), F_OK) == 0 && access(t.path.c_str(), W_OK) != 0) {
-      throw UsageError(fmt::format("--report {}: '{}' exists and is not writable", text, t.path));
-    }
+    t.path = path;
+    t.sink = ReportTarget::Sink::kFile;
+    return t;
   }
+  if (stat(path.c_str(), &st) != 0) {
+    throw UsageError(fmt::format("--report {}: '{}' is a symlink to a missing file ({}); remove it or choose another path",
+                                 text, path, std::strerror(errno)));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw UsageError(fmt::format("--report {}: '{}' is a folder; give a file path inside it", text, path));
+  }
+  if (access(path.c_str(), W_OK) != 0) {
+    throw UsageError(fmt::format("--report {}: '{}' exists and is not writable ({})", text, path, std::strerror(errno)));
+  }
+  if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
+    t.path = path;
+    t.sink = ReportTarget::Sink::kStream;
+    return t;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw UsageError(fmt::format("--report {}: '{}' is not a regular file, a character device or a pipe; choose a file path",
+                                 text, path));
+  }
+  // A regular file, maybe through symlinks: replace the file they name, keep the links.
+  char resolved[PATH_MAX];
+  if (!realpath(path.c_str(), resolved)) {
+    throw UsageError(fmt::format("--report {}: cannot resolve '{}' ({})", text, path, std::strerror(errno)));
+  }
+  t.path = resolved;
+  const auto dir = folder_of(t.path);
+  if (access(dir.c_str(), W_OK) != 0) {
+    throw UsageError(fmt::format("--report {}: cannot write into folder '{}' ({}), where the report is replaced "
+                                 "atomically; choose another path",
+                                 text, dir, std::strerror(errno)));
+  }
+  t.sink = ReportTarget::Sink::kFile;
   return t;
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw UsageError(fmt::format("could not write report file '{}': {}", path, std::strerror(errno)));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    throw UsageError(fmt::format("could not write report file '{}': {}", path, std::strerror(err)));
+namespace {
+
+std::string temporary_beside(const std::string& path, size_t i) {
+  return fmt::format("{}/.{}.ckcheck-{}-{}.tmp", folder_of(path), path.substr(path.find_last_of('/') + 1), getpid(), i);
+}
+
+void write_text(const std::string& path, const std::string& text, std::ios::openmode mode, const ReportTarget& t) {
+  std::ofstream out(path, std::ios::binary | mode);
+  out << text;
+  out.flush();
+  if (!out) {
+    throw UsageError(fmt::format("--report {}: could not write '{}' ({}); no report file was changed", t.given,
+                                 t.path, std::strerror(errno ? errno : EIO)));
   }
 }
 
+}  // namespace
+
 void write_reports(const Report& report, const std::vector<ReportTarget>& targets,
                    std::ostream& stdout_stream, bool color) {
+  std::vector<std::string> texts;
   for (const auto& t : targets) {
     std::unique_ptr<Reporter> reporter;
-    if (t.format == "console") reporter = make_console_reporter(color && t.path.empty());
+    if (t.format == "console") reporter = make_console_reporter(color && t.sink == ReportTarget::Sink::kStdout);
     if (t.format == "json") reporter = make_json_reporter();
     if (t.format == "junit") reporter = make_junit_reporter();
     if (t.format == "markdown") reporter = make_markdown_reporter();
     if (t.format == "html") reporter = make_html_reporter();
-    if (t.path.empty()) {
-      reporter->write(report, stdout_stream);
-      stdout_stream.flush();
-    } else {
-      std::ostringstream s;
-      reporter->write(report, s);
-      write_file_atomically(t.path, s.str());
+    std::ostringstream s;
+    reporter->write(report, s);
+    texts.push_back(s.str());
+  }
+  // Files to temporary files and devices through: on any failure, no file was replaced.
+  std::vector<std::pair<std::string, std::string>> renames;
+  try {
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const auto& t = targets[i];
+      if (t.sink == ReportTarget::Sink::kFile) {
+        renames.push_back({temporary_beside(t.path, i), t.path});
+        write_text(renames.back().first, texts[i], std::ios::trunc, t);
+      } else if (t.sink == ReportTarget::Sink::kStream) {
+        write_text(t.path, texts[i], std::ios::out, t);
+      }
     }
+    for (const auto& [tmp, path] : renames) {
+      if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        throw UsageError(fmt::format("could not write report file '{}': {}", path, std::strerror(errno)));
+      }
+    }
+  } catch (...) {
+    for (const auto& [tmp, path] : renames) std::remove(tmp.c_str());
+    throw;
+  }
+  for (size_t i = 0; i < targets.size(); ++i) {
+    if (targets[i].sink != ReportTarget::Sink::kStdout) continue;
+    stdout_stream << texts[i];
+    stdout_stream.flush();
   }
 }
 

@@ -70,24 +70,30 @@ std::unique_ptr<Reporter> make_html_reporter();
 
 /// One --report argument: FORMAT (standard output) or FORMAT=PATH.
 struct ReportTarget {
+  /// How the report reaches its target: standard output; a regular file replaced atomically (a
+  /// symlink's target, not the link); written through to a character device or a pipe.
+  enum class Sink { kStdout, kFile, kStream };
   std::string format;  // console, json, junit, markdown, html
-  std::string path;    // "" for standard output
+  std::string path;    // "" for standard output; for a file, the path written (symlinks resolved)
+  Sink sink = Sink::kStdout;
+  std::string given;   // the --report argument, for messages
 };
 
-/// Parses FORMAT[=PATH]; throws UsageError for an unknown format or a path that cannot be
-/// written (its folder missing or read-only), before any work is done.
+/// Parses FORMAT[=PATH] (PATH '-' is standard output); throws UsageError, before any work is
+/// done, for an unknown format or a path that cannot be written: a missing or read-only folder,
+/// a folder, a socket or block device, a dangling symlink, a read-only file.
 ReportTarget parse_report_target(const std::string& text);
 
 /// The formats --report accepts.
 const std::vector<std::string>& report_formats();
 
-/// Writes `report` to every target: standard output directly, files atomically (a temporary file
-/// in the same folder, then a rename). Throws UsageError naming a file that could not be written.
+/// Writes `report` to every target, all or none: each is rendered first, regular files go to
+/// temporary files in their folders, devices and pipes are written through, and only when all of
+/// that succeeded are the temporary files renamed over their targets and standard output
+/// written. Throws UsageError naming the target that could not be written; no file is changed
+/// then.
 void write_reports(const Report& report, const std::vector<ReportTarget>& targets,
                    std::ostream& stdout_stream, bool color);
-
-/// Writes `text` to `path` atomically.
-void write_file_atomically(const std::string& path, const std::string& text);
 
 /// Shell-quotes one argument when it needs it ('blocks.*' stays one word, and no glob expands).
 std::string shell_quote(const std::string& arg);

@@ -166,7 +166,11 @@ TEST(TorchScript, BadInputsAreOneLineUsageErrors) {
   auto [c1, e1] = err({"run", "--model", path, "--input-shape", "4,8", "--sites", "scaled"});
   EXPECT_EQ(c1, 2);
   EXPECT_NE(e1.find("bad.pt cannot be checkpointed: its forward returns Tuple[Tensor, str]"), std::string::npos) << e1;
-  auto [c2, e2] = err({"run", "--model", path, "--input-shape", "4,3"});
+  // A default candidate that cannot be checkpointed is named, never left out silently.
+  auto [c0, e0] = err({"run", "--model", path, "--input-shape", "4,8"});
+  EXPECT_EQ(c0, 2);
+  EXPECT_NE(e0.find("site scaled of model"), std::string::npos) << e0;
+  auto [c2, e2] = err({"run", "--model", path, "--input-shape", "4,3", "--sites", "layer*"});
   EXPECT_EQ(c2, 2);
   EXPECT_NE(e2.find("rejects its input"), std::string::npos) << e2;
   auto [c3, e3] = err({"run", "--model", path});

@@ -323,14 +323,25 @@ namespace {
 using Point = const PolicyBench*;
 
 double total_bytes(Point p) { return static_cast<double>(p->measurement.baseline_bytes + p->measurement.peak_bytes); }
-// Two times cannot be told apart when each estimate lies inside the other's interval; intervals
-// that merely touch do not make a tie.
+// Time differences below this share of none's step are not ranked: on a machine that other
+// processes share they are within the load's reach even when the intervals are narrow, so
+// ranking on them makes the recommendation follow the load (the ±3% the intervals aim at).
+constexpr double kTimeResolution = 0.03;
+// Two times cannot be told apart when they differ by less than kTimeResolution, or when each
+// estimate lies inside the other's interval; intervals that merely touch do not make a tie.
 bool indistinguishable(Point a, Point b) {
+  if (std::abs(a->time_ratio - b->time_ratio) <= kTimeResolution) return true;
   auto inside = [](double x, Point p) { return x >= p->time_ratio_low && x <= p->time_ratio_high; };
   return inside(a->time_ratio, b) && inside(b->time_ratio, a);
 }
 // a is faster than b beyond the noise.
 bool faster(Point a, Point b) { return a->time_ratio < b->time_ratio && !indistinguishable(a, b); }
+// q is as good as p on both axes and better on one: time compared only beyond the noise.
+bool dominates(Point q, Point p) {
+  const bool no_slower = !faster(p, q);
+  const bool less_memory = total_bytes(q) < total_bytes(p);
+  return q != p && no_slower && total_bytes(q) <= total_bytes(p) && (less_memory || faster(q, p));
+}
 
 void warn_too_fine(BenchResult& r, const std::vector<Point>& measured) {
   for (const auto* p : measured) {
@@ -406,10 +417,7 @@ void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, Point non
   std::vector<Point> front;
   for (const auto* p : fitting) {
     bool dominated = false;
-    for (const auto* q : fitting) {
-      dominated = dominated || (q != p && q->time_ratio <= p->time_ratio && total_bytes(q) <= total_bytes(p) &&
-                                (q->time_ratio < p->time_ratio || total_bytes(q) < total_bytes(p)));
-    }
+    for (const auto* q : fitting) dominated = dominated || dominates(q, p);
     if (!dominated) front.push_back(p);
   }
   if (front.empty()) front = fitting;

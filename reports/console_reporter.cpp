@@ -66,7 +66,7 @@ class ConsoleReporter : public Reporter {
     if (r.config.contains("tolerance")) h += ", tolerance " + r.config["tolerance"].get<std::string>();
     if (r.config.contains("amp") && r.config["amp"] != "off") h += ", amp " + r.config["amp"].get<std::string>();
     if (!r.model.eval_modules.empty()) {
-      h += fmt::format("\nin eval mode (as exported; --mode train changes that): {}", fmt::join(r.model.eval_modules, " "));
+      h += fmt::format("\nin eval mode (as built or exported; for a TorchScript file --mode train changes that): {}", fmt::join(r.model.eval_modules, " "));
     }
     return h;
   }

@@ -152,5 +152,25 @@ TEST(Runner, ProbeClassifiesRepeats) {
   EXPECT_FALSE(gen.random_ops.empty());
 }
 
+// The correct state/* models carry state that a step changes outside parameters and buffers:
+// the plain step repeats only when that state is put back first, which the runner does.
+TEST(StateModels, PlainStepRepeatsOnlyFromRestoredState) {
+  for (const std::string name : {"state/counter-outside", "state/lazy-init"}) {
+    auto m = make_model(name, {}, 0);
+    const auto x0 = m->make_inputs(0), x1 = m->make_inputs(1);
+    PlainSiteRunner plain;
+    const auto start = m->snapshot();
+    m->forward(x0, plain);
+    // The negative control: after a step, without the state put back, the same input gives another result.
+    const auto after_a_step = m->forward(x1, plain).at(0).detach().clone();
+    m->restore(start);
+    const auto first = m->forward(x1, plain).at(0).detach().clone();
+    EXPECT_FALSE(torch::equal(first, after_a_step)) << name << ": the state makes no difference, so the fixture proves nothing";
+    m->restore(start);
+    const auto restored = m->forward(x1, plain).at(0).detach().clone();
+    EXPECT_TRUE(torch::equal(first, restored)) << name;
+  }
+}
+
 }  // namespace
 }  // namespace ckcheck

@@ -12,6 +12,8 @@ ckcheck must judge right -- and saves them in OUT_DIR:
   counter_inside.pt   blocks.1 counts its calls in an int attribute and scales by it: stateful
   frozen_bn.pt        conv blocks with BatchNorm frozen in eval mode (fine-tuning): correct as
                       saved; with every module in train mode the statistics update twice
+  parent_updated.pt   the root updates, after the forward, a buffer that b reads (delayed scaling
+                      factors, running offsets): the recompute reads the new value
   encoder.pt          nn.TransformerEncoder (2 layers, dropout) called with a causal mask and a
                       padding mask: its layers take Optional[Tensor] arguments
 
@@ -126,6 +128,32 @@ class FrozenBn(nn.Module):
         return self.head(h.mean((2, 3)))
 
 
+class ShiftedBlock(Block):
+    def __init__(self, width: int):
+        super().__init__(width)
+        self.register_buffer("shift", torch.zeros(width))
+
+    def forward(self, x):
+        # The shift is not saved for the backward (fc keeps its own input): the plain step is fine.
+        return x + torch.tanh(self.fc(x + self.shift))
+
+
+class ParentUpdated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.a = Block(16)
+        self.b = ShiftedBlock(16)
+        self.c = Block(16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = self.head(self.c(self.b(self.a(self.embed(x)))))
+        with torch.no_grad():
+            self.b.shift.add_(0.5)  # next step's offset, written into the buffer b reads
+        return y
+
+
 class Encoder(nn.Module):
     def __init__(self):
         super().__init__()
@@ -150,6 +178,7 @@ def main(out):
         "ema_attribute": Stack([Block(16), EmaBlock(16), Block(16)]),
         "counter_inside": Stack([Block(16), CountingBlock(16), Block(16)]),
         "frozen_bn": FrozenBn(),
+        "parent_updated": ParentUpdated(),
         "encoder": Encoder(),
     }
     for name, model in models.items():

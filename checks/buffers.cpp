@@ -33,6 +33,7 @@ class BuffersCheck : public Check {
       return checkpointed_failed(id(), ctx, "the checkpointed step failed before its buffers could be compared: ",
                                  "the checkpointed step failed");
     }
+    if (auto not_repeatable = plain_not_repeatable(id(), ctx)) return *not_repeatable;
     size_t compared = 0, differing = 0;
     // One finding per (cause, unit), naming its buffers.
     std::vector<std::pair<Finding, std::vector<std::string>>> groups;

@@ -35,6 +35,8 @@ const char* cause_name(Cause cause) {
       return "hook-count";
     case Cause::kGradApi:
       return "grad-api";
+    case Cause::kUnexplained:
+      return "unexplained";
   }
   return "";
 }
@@ -44,7 +46,7 @@ const std::vector<Cause>& all_causes() {
       Cause::kRng,      Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
       Cause::kStateful, Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
       Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
-      Cause::kGradApi};
+      Cause::kGradApi,  Cause::kUnexplained};
   return causes;
 }
 
@@ -97,6 +99,9 @@ std::string fix_hint(Cause cause) {
       return "a reentrant checkpoint cannot serve autograd::grad or backward(inputs=): take that "
              "gradient outside the checkpointed sites, or use a non-reentrant checkpoint "
              "(torch.utils.checkpoint with use_reentrant=False)";
+    case Cause::kUnexplained:
+      return "run `ckcheck diagnose` with the same options to find the first op whose recompute differs, and keep "
+             "that site's activations (exclude it from checkpointing) until the cause is fixed";
   }
   return "";
 }

@@ -31,6 +31,7 @@ enum class Cause {
   kTooFine,           // too-fine: checkpointing costs more time than the stated bound
   kHookCount,         // hook-count: a gradient hook fires other than once (DDP's ready marking)
   kGradApi,           // grad-api: the step takes autograd::grad or backward(inputs=) through a checkpoint
+  kUnexplained,       // unexplained: the recompute differs from the forward and no check found why
 };
 
 const char* cause_name(Cause cause);

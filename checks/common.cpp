@@ -59,6 +59,21 @@ std::string site_in_error(const std::string& error) {
 
 }  // namespace
 
+std::optional<CheckResult> plain_not_repeatable(const std::string& id, const CheckContext& ctx) {
+  const auto& names = ctx.records.plain_not_repeated;
+  if (!names || names->empty()) return std::nullopt;
+  CheckResult r;
+  r.id = id;
+  r.status = Status::kError;
+  r.summary = fmt::format(
+      "two plain steps from the same restored state already differ ({} tensors, first {}): the step is not repeatable "
+      "without checkpointing, so checkpointing cannot be judged -- state ckcheck cannot see (declare it: "
+      "Model::extra_state, a buffer or an attribute) or a non-deterministic op outside the checkpointed sites",
+      names->size(), names->front());
+  r.details["plain_not_repeated"] = *names;
+  return r;
+}
+
 CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, const std::string& message_prefix,
                                 const std::string& summary) {
   const auto& error = ctx.records.checkpointed.error;
@@ -69,7 +84,11 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
                         error.find("double backward (create_graph=true) is not supported") != std::string::npos;
   if (!grad_api && explained.empty()) {
     // Nothing the checks saw explains it: an error, not a finding with a guessed cause.
-    const auto site = site_in_error(error);
+    auto site = site_in_error(error);
+    // The message may not name it; the evidence does: the call whose recompute threw.
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      if (site.empty() && c.recompute_failed) site = c.site;
+    }
     r.status = Status::kError;
     r.summary = fmt::format("the checkpointed step threw{}: {}", site.empty() ? "" : " at " + site, first_line(error));
     r.details["error"] = first_line(error);

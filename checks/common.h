@@ -1,6 +1,8 @@
 // Small helpers shared by the check files.
 #pragma once
 
+#include <optional>
+
 #include <fmt/format.h>
 
 #include <string>
@@ -23,6 +25,10 @@ nlohmann::json diff_json(const TensorDiff& d);
 
 /// A CheckResult for when the reference step itself failed: nothing can be compared.
 CheckResult reference_failed(const std::string& id, const CheckContext& ctx);
+
+/// When two plain steps from the same restored state already differ, checkpointing cannot be
+/// judged: the result that says so (status error), or nothing when the plain step repeats.
+std::optional<CheckResult> plain_not_repeatable(const std::string& id, const CheckContext& ctx);
 
 /// A failing CheckResult for when the checkpointed step failed and the plain one did not, with
 /// the cause and site the evidence gives (the first explained site), or non-deterministic.

@@ -45,18 +45,25 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
     std::optional<SiteExplanation> found;
     for (const auto& c : ctx.records.checkpointed.calls) {
       if (c.site != site || found) continue;
-      for (size_t i = 0; i < c.versions_entry.size() && !found; ++i) {
+      // Every input changed in place, by when.
+      std::vector<size_t> during, after, untracked;
+      for (size_t i = 0; i < c.versions_entry.size(); ++i) {
         if (i < c.versions_exit.size() && c.versions_exit[i] != c.versions_entry[i]) {
-          found = SiteExplanation{site, Cause::kInPlace,
-                                  fmt::format("the site changes its input {} in place", i)};
-        } else if (i < c.versions_recompute.size() && c.versions_recompute[i] != c.versions_exit[i]) {
-          found = SiteExplanation{site, Cause::kInPlace,
-                                  fmt::format("input {} is changed in place after the site's forward", i)};
+          during.push_back(i);
+        } else if (i < c.versions_recompute.size() && i < c.versions_exit.size() && c.versions_recompute[i] != c.versions_exit[i]) {
+          after.push_back(i);
         } else if (i < c.content_changed.size() && c.content_changed[i]) {
-          found = SiteExplanation{site, Cause::kInPlace,
-                                  fmt::format("input {}'s content changed before the recompute", i)};
+          untracked.push_back(i);
         }
       }
+      auto inputs = [](const std::vector<size_t>& v) {
+        return fmt::format("{} {}", v.size() == 1 ? "input" : "inputs", fmt::join(v, ", "));
+      };
+      std::vector<std::string> parts;
+      if (!during.empty()) parts.push_back(fmt::format("the site changes its {} in place", inputs(during)));
+      if (!after.empty()) parts.push_back(fmt::format("{} changed in place after the site's forward", inputs(after)));
+      if (!untracked.empty()) parts.push_back(fmt::format("{}: content changed before the recompute", inputs(untracked)));
+      if (!parts.empty()) found = SiteExplanation{site, Cause::kInPlace, fmt::format("{}", fmt::join(parts, "; "))};
       if (found || !(recompute_differs(c) || c.recompute_failed)) continue;
       if (!c.state_changed.empty()) {
         found = SiteExplanation{site, Cause::kInPlace,
@@ -75,9 +82,13 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
         found = SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
       } else if (probe && !probe->restart_equal) {
         found = SiteExplanation{site, Cause::kNonDeterministic, "the site gives different outputs on identical inputs"};
-      } else {
-        found = SiteExplanation{site, Cause::kNonDeterministic, "the recompute did not reproduce the forward's outputs"};
+      } else if (!c.recompute_failed) {
+        // Never non-deterministic without a failing determinism probe: say that nothing explains it.
+        found = SiteExplanation{site, Cause::kUnexplained,
+                                "the recompute did not reproduce the forward's outputs, and no check found why (the "
+                                "site repeats identically on its own)"};
       }
+      // A recompute that threw with no evidence is left unexplained here: the step's verdict is error.
     }
     if (found) out.push_back(*found);
   }

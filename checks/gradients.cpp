@@ -31,6 +31,7 @@ class GradientsCheck : public Check {
       return checkpointed_failed(id(), ctx, "the checkpointed step failed: ",
                                  "the checkpointed step failed where the plain step did not");
     }
+    if (auto not_repeatable = plain_not_repeatable(id(), ctx)) return *not_repeatable;
     const auto explained = explain_sites(ctx);
 
     // One finding per (cause, site): the tensors it explains, named by the worst of them.

@@ -1,5 +1,6 @@
 #include "checks/session.h"
 
+#include <algorithm>
 #include <set>
 
 namespace ckcheck {
@@ -43,6 +44,21 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
   out.records = runner.run_all(plan, needs);
   if (after_records) after_records(out.records);
   out.diffs = compare_records(out.records.reference, out.records.checkpointed, tolerance);
+  // When the checkpointed step differs, is the plain step itself repeatable? If two plain steps
+  // from the same restored state differ, checkpointing is not to blame. (One process only: ranks
+  // would have to repeat in lockstep.)
+  const bool differs = std::any_of(out.diffs.begin(), out.diffs.end(), [](const TensorDiff& d) { return !d.equal; });
+  if (differs && out.records.reference.error.empty() && out.records.checkpointed.error.empty() &&
+      runner.config().data_parallel == nullptr) {
+    StepOptions plain;
+    plain.evidence = false;
+    const auto again = runner.run(nullptr, plain, "reference-repeat");
+    std::vector<std::string> names;
+    for (const auto& d : compare_records(out.records.reference, again, tolerance)) {
+      if (!d.equal) names.push_back(d.name);
+    }
+    out.records.plain_not_repeated = names;
+  }
   CheckContext ctx{runner.model(), plan,      runner.config(), tolerance,
                    out.records,    out.diffs, amp_error_factor, max_overhead};
   for (const auto& c : checks) out.results.push_back(c->run(ctx));

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
@@ -114,10 +115,15 @@ class EvidenceObserver : public CheckpointObserver {
     auto& e = calls_[c.id];
     e.recomputed = true;
     e.versions_recompute = versions_of(inputs);
+    // State the unit reads: its own modules' (a module cannot reach its parent's state, other than
+    // through its arguments, which are watched above).
     const auto now = state_marks();
+    const auto sites = sites_of_unit(c.site);
     for (const auto& [name, mark] : state_at_forward_[c.id]) {
+      const auto plain = name[0] == '@' ? name.substr(1) : name;
+      const bool inside = std::any_of(sites.begin(), sites.end(), [&](const std::string& s) { return site_within(plain, s); });
       auto it = now.find(name);
-      if (it == now.end() || it->second != mark) e.state_changed.push_back(name[0] == '@' ? name.substr(1) : name);
+      if (inside && (it == now.end() || it->second != mark)) e.state_changed.push_back(plain);
     }
     state_at_forward_.erase(c.id);
     const auto& prints = entry_prints_[c.id];
@@ -173,6 +179,17 @@ class EvidenceObserver : public CheckpointObserver {
   // by its value instead.
   using Mark = std::tuple<const void*, int64_t, double>;
   std::map<int64_t, std::map<std::string, Mark>> state_at_forward_;
+
+  // The sites of a unit label: "blocks.1", or "blocks.0..blocks.2" (a run of chain sites).
+  std::vector<std::string> sites_of_unit(const std::string& label) const {
+    const auto dots = label.find("..");
+    if (dots == std::string::npos || !model_) return {label};
+    const auto first = label.substr(0, dots), last = label.substr(dots + 2);
+    const auto chain = model_->chain_sites();
+    auto a = std::find(chain.begin(), chain.end(), first), b = std::find(chain.begin(), chain.end(), last);
+    if (a == chain.end() || b == chain.end() || b < a) return {first, last};
+    return {a, b + 1};
+  }
 
   std::map<std::string, Mark> state_marks() const {
     std::map<std::string, Mark> marks;

@@ -135,6 +135,9 @@ struct RunRecords {
   std::optional<Measurement> bench_plain;         // run --bench: nothing checkpointed
   std::optional<Measurement> bench_checkpointed;  // run --bench: the plan
   std::optional<StepRecord> single_process;       // data-parallel: the whole batch in one process
+  /// A second plain step from the same restored state, run when the checkpointed step differs:
+  /// the tensors on which the two plain steps disagree (empty: the plain step repeats).
+  std::optional<std::vector<std::string>> plain_not_repeated;
   /// Data-parallel: what each rank saw (gathered on rank 0 before the checks run).
   struct Rank {
     int rank = 0;

@@ -72,16 +72,18 @@ class ConsoleReporter : public Reporter {
   }
 
   std::string verdict(const Report& r) const {
-    size_t failed = 0, warned = 0;
+    size_t failed = 0, warned = 0, errored = 0;
     for (const auto& c : r.checks) {
       failed += c.status == Status::kFail;
       warned += c.status == Status::kWarn;
+      errored += c.status == Status::kError;
     }
     std::string v = r.verdict == "pass" ? paint("PASS", "32;1")
                     : r.verdict == "fail" ? paint("FAIL", "31;1")
                                           : paint(r.verdict == "error" ? "ERROR" : r.verdict, "35;1");
     if (!r.checks.empty()) {
-      v += fmt::format(" ({} of {} checks failed{})", failed, r.checks.size(),
+      v += fmt::format(" ({} of {} checks failed{}{})", failed, r.checks.size(),
+                       errored ? fmt::format(", {} could not judge (error)", errored) : "",
                        warned ? fmt::format(", {} warned", warned) : "");
     }
     return v;

@@ -87,7 +87,8 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
     auto site = site_in_error(error);
     // The message may not name it; the evidence does: the call whose recompute threw.
     for (const auto& c : ctx.records.checkpointed.calls) {
-      if (site.empty() && c.recompute_failed) site = c.site;
+      const bool forward_threw = !c.versions_entry.empty() && c.versions_exit.empty();
+      if (site.empty() && (c.recompute_failed || forward_threw)) site = c.site;
     }
     r.status = Status::kError;
     r.summary = fmt::format("the checkpointed step threw{}: {}", site.empty() ? "" : " at " + site, first_line(error));

@@ -14,6 +14,9 @@ ckcheck must judge right -- and saves them in OUT_DIR:
                       saved; with every module in train mode the statistics update twice
   parent_updated.pt   the root updates, after the forward, a buffer that b reads (delayed scaling
                       factors, running offsets): the recompute reads the new value
+  needs_grad.pt       blocks.1's forward needs grad mode (as code that takes derivatives inside
+                      its forward does) and raises without it: under a checkpoint whose forward
+                      runs without grad the step throws, and the verdict is error naming the site
   encoder.pt          nn.TransformerEncoder (2 layers, dropout) called with a causal mask and a
                       padding mask: its layers take Optional[Tensor] arguments
 
@@ -154,6 +157,13 @@ class ParentUpdated(nn.Module):
         return y
 
 
+class NeedsGradBlock(Block):
+    def forward(self, x):
+        if not torch.is_grad_enabled():
+            raise RuntimeError("NeedsGradBlock: the forward takes derivatives and needs grad mode")
+        return x + torch.tanh(self.fc(x))
+
+
 class Encoder(nn.Module):
     def __init__(self):
         super().__init__()
@@ -179,6 +189,7 @@ def main(out):
         "counter_inside": Stack([Block(16), CountingBlock(16), Block(16)]),
         "frozen_bn": FrozenBn(),
         "parent_updated": ParentUpdated(),
+        "needs_grad": Stack([Block(16), NeedsGradBlock(16), Block(16)]),
         "encoder": Encoder(),
     }
     for name, model in models.items():

@@ -1,5 +1,6 @@
 #include "harness/checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <torch/torch.h>
@@ -267,6 +268,30 @@ TEST(Checkpoint, IValueOutputsKeepTheirStructure) {
   ASSERT_EQ(elems.size(), 2u);
   (elems[0].toTensor().sum() + elems[1].toTensor().sum()).backward();
   EXPECT_TENSORS_EQUAL(x.grad(), torch::full({2}, 3.0f));
+}
+
+// Optional tensor arguments (a mask that may be None), as nn.MultiheadAttention takes them: the
+// tensors among the actual arguments are the checkpoint's inputs, None passes through.
+TEST(Checkpoint, OptionalTensorArgumentsMayBeNoneOrATensor) {
+  auto w = torch::randn({4, 4});
+  auto fn = [](const std::vector<c10::IValue>& in) {
+    auto h = torch::matmul(in[0].toTensor(), in[1].toTensor());
+    if (!in[2].isNone()) h = h.masked_fill(in[2].toTensor(), 0.0);
+    return c10::IValue(torch::tanh(h));
+  };
+  for (const bool with_mask : {false, true}) {
+    const auto mask = torch::rand({2, 4}) > 0.5;
+    auto run = [&](bool ckpt) {
+      auto x = torch::randn({2, 4}, at::make_generator<at::CPUGeneratorImpl>(3)).requires_grad_();
+      auto wr = w.clone().requires_grad_();
+      const std::vector<c10::IValue> args{x, wr, with_mask ? c10::IValue(mask) : c10::IValue()};
+      auto y = ckpt ? checkpoint_ivalues(fn, args, CheckpointOptions().name("attn")).toTensor() : fn(args).toTensor();
+      (y * y).sum().backward();
+      return std::vector<Tensor>{y.detach(), x.grad(), wr.grad()};
+    };
+    const auto ref = run(false), got = run(true);
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_TENSORS_EQUAL(ref[i], got[i]);
+  }
 }
 
 TEST(Checkpoint, RejectsASecondBackward) {

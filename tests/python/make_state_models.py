@@ -17,6 +17,7 @@ ckcheck must judge right -- and saves them in OUT_DIR:
   needs_grad.pt       blocks.1's forward needs grad mode (as code that takes derivatives inside
                       its forward does) and raises without it: under a checkpoint whose forward
                       runs without grad the step throws, and the verdict is error naming the site
+  two_inplace.pt      site b takes two tensors and changes both in place: every one is named
   encoder.pt          nn.TransformerEncoder (2 layers, dropout) called with a causal mask and a
                       padding mask: its layers take Optional[Tensor] arguments
 
@@ -164,6 +165,29 @@ class NeedsGradBlock(Block):
         return x + torch.tanh(self.fc(x))
 
 
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x, y):
+        x.mul_(2)
+        y.add_(1)
+        return torch.tanh(self.fc(x)) * y
+
+
+class TwoInplace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.gate = nn.Linear(8, 16)
+        self.b = TwoInputs()
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.b(self.embed(x), self.gate(x)))
+
+
 class Encoder(nn.Module):
     def __init__(self):
         super().__init__()
@@ -190,6 +214,7 @@ def main(out):
         "frozen_bn": FrozenBn(),
         "parent_updated": ParentUpdated(),
         "needs_grad": Stack([Block(16), NeedsGradBlock(16), Block(16)]),
+        "two_inplace": TwoInplace(),
         "encoder": Encoder(),
     }
     for name, model in models.items():

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -210,17 +209,6 @@ std::string model_command_line(const ModelArgs& args, bool with_policy) {
   return s;
 }
 
-namespace {
-// The absolute path of a file that may not exist yet: its folder resolved, its name kept.
-std::string canonical_new_path(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  char resolved[PATH_MAX];
-  if (!realpath(dir.c_str(), resolved)) return path;
-  return std::string(resolved) + "/" + path.substr(slash == std::string::npos ? 0 : slash + 1);
-}
-}  // namespace
-
 std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports,
                                         const std::vector<std::string>& inputs) {
   std::vector<ReportTarget> out;
@@ -232,7 +220,7 @@ std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports
     return std::make_pair(st.st_dev, st.st_ino);
   };
   std::map<std::pair<dev_t, ino_t>, std::string> taken;
-  std::map<std::string, std::string> new_files;
+  std::map<std::string, std::string> by_path;  // file reports by their resolved path (parse_report_target)
   for (const auto& in : inputs) {
     if (const auto id = identity(in)) taken[*id] = "the input file '" + in + "'";
   }
@@ -243,14 +231,13 @@ std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports
     if (t.sink != ReportTarget::Sink::kFile) continue;
     const auto id = identity(t.path);
     const auto clash = id ? taken.find(*id) : taken.end();
-    const auto key = canonical_new_path(t.path);
-    const auto twice = new_files.find(key);
-    if (clash != taken.end() || twice != new_files.end()) {
+    const auto twice = by_path.find(t.path);
+    if (clash != taken.end() || twice != by_path.end()) {
       throw UsageError(fmt::format("--report {} would overwrite {}; give each report its own file", r,
                                    clash != taken.end() ? clash->second : "--report " + twice->second));
     }
     if (id) taken[*id] = "--report " + r;
-    new_files[key] = r;
+    by_path[t.path] = r;
   }
   // The console summary always comes unless another report already goes to standard output.
   if (!to_stdout) out.insert(out.begin(), ReportTarget{"console", "", ReportTarget::Sink::kStdout, "console"});

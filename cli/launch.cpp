@@ -105,6 +105,9 @@ std::optional<RankEnvironment> rank_environment() {
 
 namespace {
 
+// A child's exit status as a shell gives it: its own, or 128 + the signal that ended it.
+int exit_status(int st) { return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0); }
+
 volatile sig_atomic_t g_signal = 0;
 void note_signal(int signo) { g_signal = signo; }
 
@@ -144,7 +147,7 @@ void stop_ranks(const std::vector<pid_t>& pids, std::vector<int>& status, int si
     while (status[r] < 0 && pids[r] > 0) {
       int st = 0;
       if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
-        status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+        status[r] = exit_status(st);
       } else if (std::chrono::steady_clock::now() > until) {
         kill(pids[r], SIGKILL);
         waitpid(pids[r], nullptr, 0);
@@ -244,7 +247,7 @@ int launch_ranks(int world_size, int timeout_s) {
         running = true;
         continue;
       }
-      status[r] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+      status[r] = exit_status(st);
       // Rank 0 exits 1 when a check fails; any rank exiting otherwise has failed.
       if (status[r] > 1) {
         // The rank whose own error is the cause, rather than one that lost its peer: prefer the

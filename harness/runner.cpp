@@ -72,8 +72,8 @@ std::vector<int64_t> versions_of(const std::vector<Tensor>& ts) {
 // step is.
 class EvidenceObserver : public CheckpointObserver {
  public:
-  EvidenceObserver(StepRecord& record, bool evidence, OpTracer* tracer, Model* model)
-      : record_(record), evidence_(evidence), tracer_(tracer), model_(model) {}
+  EvidenceObserver(StepRecord& record, bool evidence, OpTracer* tracer, Model* model, const Plan* plan)
+      : record_(record), evidence_(evidence), tracer_(tracer), model_(model), plan_(plan) {}
 
   int64_t step = 1;
 
@@ -175,20 +175,20 @@ class EvidenceObserver : public CheckpointObserver {
   std::map<int64_t, std::vector<uint64_t>> entry_prints_;
   std::map<int64_t, RngState> rng_before_;
   Model* model_;
+  const Plan* plan_;
   // Each state tensor's identity and version; a scalar attribute (a fresh 0-d tensor each time)
   // by its value instead.
-  using Mark = std::tuple<const void*, int64_t, double>;
+  using Mark = std::pair<const void*, int64_t>;
   std::map<int64_t, std::map<std::string, Mark>> state_at_forward_;
 
-  // The sites of a unit label: "blocks.1", or "blocks.0..blocks.2" (a run of chain sites).
+  // The sites of the unit a checkpoint call stands for, from the plan.
   std::vector<std::string> sites_of_unit(const std::string& label) const {
-    const auto dots = label.find("..");
-    if (dots == std::string::npos || !model_) return {label};
-    const auto first = label.substr(0, dots), last = label.substr(dots + 2);
-    const auto chain = model_->chain_sites();
-    auto a = std::find(chain.begin(), chain.end(), first), b = std::find(chain.begin(), chain.end(), last);
-    if (a == chain.end() || b == chain.end() || b < a) return {first, last};
-    return {a, b + 1};
+    if (plan_) {
+      for (const auto& unit : plan_->units) {
+        if (Plan::unit_label(unit) == label) return unit;
+      }
+    }
+    return {label};
   }
 
   std::map<std::string, Mark> state_marks() const {
@@ -197,13 +197,13 @@ class EvidenceObserver : public CheckpointObserver {
     auto mark = [&](const std::string& name, const Tensor& t) {
       const auto kind = model_->state_kind_of(name);
       if (!t.defined()) {
-        marks[name] = {nullptr, -1, 0.0};
+        marks[name] = {nullptr, -1};
       } else if (kind == state_kind::kScalarAttribute || kind == state_kind::kMode || kind == state_kind::kExtra) {
         // Made afresh by each state_tensors() call (a number's 0-d tensor, a generator's state):
         // compared by content.
-        marks[name] = {nullptr, static_cast<int64_t>(fingerprint(t)), 0.0};
+        marks[name] = {nullptr, static_cast<int64_t>(fingerprint(t))};
       } else {
-        marks[name] = {t.unsafeGetTensorImpl(), static_cast<int64_t>(t._version()), 0.0};
+        marks[name] = {t.unsafeGetTensorImpl(), static_cast<int64_t>(t._version())};
       }
     };
     for (const auto& [name, t] : model_->named_parameters()) mark(name, t);
@@ -378,7 +378,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
     tracer.emplace(options.trace, options.value_budget_bytes, options.value_site);
   }
   OpTracer* tp = tracer ? &*tracer : nullptr;
-  auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_);
+  auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_, plan);
   auto base = CheckpointOptions()
                   .preserve_rng_state(config_.preserve_rng_state)
                   .restore_autocast(config_.restore_autocast)

@@ -116,7 +116,9 @@ ReportTarget parse_report_target(const std::string& text) {
                                    "choose another path",
                                    text, dir, std::strerror(errno)));
     }
-    t.path = path;
+    // Its folder resolved, so that two spellings of one new file are one path.
+    char folder[PATH_MAX];
+    t.path = realpath(dir.c_str(), folder) ? std::string(folder) + "/" + path.substr(path.find_last_of('/') + 1) : path;
     t.sink = ReportTarget::Sink::kFile;
     return t;
   }

@@ -23,6 +23,7 @@ machine's load. Time ratios are paired per round and given with a 95% bootstrap 
 import argparse
 import functools
 import math
+import os
 import random
 import statistics
 import sys
@@ -33,49 +34,9 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 
-class Attention(nn.Module):
-    def __init__(self, hidden, heads, dropout):
-        super().__init__()
-        self.heads = heads
-        self.ln = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.attn_drop = nn.Dropout(dropout)
-        self.resid_drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        b, s, h = x.shape
-        d = h // self.heads
-        q, k, v = self.qkv(self.ln(x)).view(b, s, 3, self.heads, d).permute(2, 0, 3, 1, 4)
-        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d)
-        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(causal, float("-inf"))
-        probs = self.attn_drop(torch.softmax(scores, -1))
-        y = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, h)
-        return self.resid_drop(self.proj(y))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, hidden, dropout):
-        super().__init__()
-        self.ln = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, 4 * hidden)
-        self.fc2 = nn.Linear(4 * hidden, hidden)
-        self.drop = nn.Dropout(dropout)
-
-    def forward(self, x):
-        return self.drop(self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x)))))
-
-
-class Block(nn.Module):
-    def __init__(self, hidden, heads, dropout):
-        super().__init__()
-        self.attn = Attention(hidden, heads, dropout)
-        self.ffn = FeedForward(hidden, dropout)
-
-    def forward(self, x):
-        x = x + self.attn(x)
-        return x + self.ffn(x)
+# The transformer block of ckcheck's fixture, written in Python (fixtures/python/twins.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "python"))
+from twins import Block  # noqa: E402
 
 
 def save_attention_matmuls(ctx, op, *args, **kwargs):

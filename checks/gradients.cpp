@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <set>
 
+#include <fmt/ranges.h>
+
 #include "checks/common.h"
 #include "checks/evidence.h"
 
@@ -85,7 +87,14 @@ class GradientsCheck : public Check {
     }
     for (auto& g : groups) {
       g.finding.details["tensors"] = g.tensors;
-      if (g.tensors.size() > 1) {
+      if (g.finding.cause == Cause::kMissingGrad) {
+        // Name every tensor without its gradient: they are what the user must fix.
+        constexpr size_t kNamed = 8;
+        std::vector<std::string> named(g.tensors.begin(), g.tensors.begin() + std::min(kNamed, g.tensors.size()));
+        g.finding.message = fmt::format(
+            "{} on one side only (with checkpointing or without, not both): {}{}", count_of(g.tensors.size(), "gradient"),
+            fmt::join(named, ", "), g.tensors.size() > kNamed ? fmt::format(" and {} more", g.tensors.size() - kNamed) : "");
+      } else if (g.tensors.size() > 1) {
         g.finding.message = fmt::format("{} tensors differ; the worst, {}", g.tensors.size(), g.finding.message);
       }
       add_finding(r, g.finding);

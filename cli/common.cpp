@@ -5,6 +5,8 @@
 #include <torch/cuda.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -32,9 +34,21 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_
   std::vector<std::string> names;
   for (const auto& s : builtin_models()) names.push_back(s.name);
   app.add_option("--model", args.model,
-                 fmt::format("the model: a built-in one ({}) or the path of a TorchScript file",
+                 fmt::format("the model: a built-in one ({}), the path of a TorchScript file, or a "
+                             "Python factory FILE.py[:CALLABLE] or package.module:CALLABLE (CALLABLE "
+                             "defaults to make_model) that returns an nn.Module, (module, inputs[, loss]) "
+                             "or a dict with model and any of inputs, args, kwargs, loss, enable, disable; "
+                             "inputs: a tensor, a tuple of positional or a dict of keyword arguments",
                              fmt::join(names, ", ")))
       ->required();
+  app.add_option("--checkpoint", args.checkpoint,
+                 "the checkpoint under test: ckcheck (ckcheck's own, every model), and for Python "
+                 "models torch (torch.utils.checkpoint, use_reentrant=False), torch-reentrant "
+                 "(use_reentrant=True) or model (the model's own switch, as "
+                 "gradient_checkpointing_enable()); the reference is always the model without "
+                 "checkpoints")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ckcheck", "torch", "torch-reentrant", "model"}));
 
   // The options of all built-in models, each shown once with the models that take it.
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> by_option;
@@ -84,7 +98,7 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_
   app.add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--amp", args.amp, "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)")->capture_default_str();
 
-  auto* ts = app.add_option_group("TorchScript inputs", "for --model PATH.pt");
+  auto* ts = app.add_option_group("File model inputs", "for --model PATH.pt and Python factories that return no inputs");
   auto note = [&args](const std::string& name) {
     return [&args, name](const std::string&) { args.torchscript_flags.push_back(name); };
   };
@@ -140,8 +154,50 @@ bool looks_like_path(const std::string& name) {
 }
 }  // namespace
 
+bool is_python_model(const std::string& model) {
+  const auto colon = model.rfind(':');
+  const auto file = model.substr(0, colon);
+  const auto ends_py = file.size() > 3 && file.compare(file.size() - 3, 3, ".py") == 0;
+  if (ends_py) return true;
+  if (colon == std::string::npos || colon == 0 || colon + 1 == model.size()) return false;
+  // package.module:callable, identifiers only
+  auto ident = [](const std::string& s, bool dots) {
+    if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+    return std::all_of(s.begin(), s.end(), [dots](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || (dots && c == '.');
+    });
+  };
+  return ident(file, true) && ident(model.substr(colon + 1), false);
+}
+
+namespace {
+PythonModelLoader& python_loader() {
+  static PythonModelLoader loader;
+  return loader;
+}
+}  // namespace
+
+void set_python_model_loader(PythonModelLoader loader) { python_loader() = std::move(loader); }
+
 std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size) {
   const auto given = args.given_options();
+  if (is_python_model(args.model)) {
+    if (!given.empty()) {
+      throw UsageError(fmt::format("--{} is an option of the built-in models; a Python factory makes "
+                                   "its own model (inputs: --input-shape, --input-dtype, --input-range or --input)",
+                                   given.begin()->first));
+    }
+    if (!python_loader()) {
+      throw UsageError(fmt::format("--model {} is a Python model; run it as `python -m ckcheck` with the "
+                                   "ckcheck Python package installed", args.model));
+    }
+    if (world_size > 1) throw UsageError("--world-size applies to built-in and TorchScript models, not to Python models");
+    return python_loader()(args);
+  }
+  if (args.checkpoint != "ckcheck") {
+    throw UsageError(fmt::format("--checkpoint {} applies to Python models (--model FILE.py:make_model); "
+                                 "ckcheck checks its own checkpoint on {}", args.checkpoint, args.model));
+  }
   bool builtin = false;
   for (const auto& spec : builtin_models()) builtin = builtin || spec.name == args.model;
   // A built-in name wins over a file of that name in the working folder (write ./NAME for the file).
@@ -200,6 +256,7 @@ std::string model_command_line(const ModelArgs& args, bool with_policy) {
   if (!args.input_range.empty()) s += " --input-range " + shell_quote(args.input_range);
   if (!args.input_file.empty()) s += " --input " + shell_quote(args.input_file);
   if (args.mode != "as-saved") s += " --mode " + shell_quote(args.mode);
+  if (args.checkpoint != "ckcheck") s += " --checkpoint " + shell_quote(args.checkpoint);
   if (!args.sites.empty()) s += " --sites " + shell_quote(fmt::format("{}", fmt::join(args.sites, ",")));
   if (with_policy) s += " --policy " + shell_quote(args.policy);
   s += fmt::format(" --seed {}", args.seed);

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +34,8 @@ struct ModelArgs {
   std::string input_range;
   std::string input_file;
   std::string mode = "as-saved";
+  /// The checkpoint under test: ckcheck, torch, torch-reentrant or model (Python models).
+  std::string checkpoint = "ckcheck";
 
   // Filled by add_model_args: the per-model options (--layers, --hidden, ...).
   std::map<std::string, std::string> raw_options;
@@ -51,6 +55,15 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true, boo
 /// UsageError on a bad name, option or file.
 /// `world_size` is the number of ranks of a data-parallel run.
 std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size = 1);
+
+/// True when --model names a Python factory: FILE.py[:CALLABLE] or package.module:CALLABLE.
+bool is_python_model(const std::string& model);
+
+/// Builds a Python model; set by the Python extension (ckcheck._core), which runs the CLI
+/// in-process. Without it a Python model is refused (the ckcheck binary hands such runs to
+/// `python -m ckcheck` before parsing).
+using PythonModelLoader = std::function<std::unique_ptr<Model>(const ModelArgs&)>;
+void set_python_model_loader(PythonModelLoader loader);
 
 /// The device the arguments name; throws UsageError when it is not available here.
 torch::Device parse_device(const std::string& text);

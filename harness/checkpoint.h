@@ -60,6 +60,9 @@ class CheckpointObserver {
   /// After the function ran again, before gradients flow through the recomputed graph.
   virtual void recompute_end(const CheckpointCall& call,
                              const std::vector<torch::Tensor>& outputs) {}
+  /// Gradients that reached the call's outputs, for a checkpoint that learns them only after
+  /// recompute_begin (PyTorch's, seen from outside); each call may come several times.
+  virtual void output_grads(const CheckpointCall& call, const std::vector<torch::Tensor>& grads) {}
 };
 
 /// Options of ckcheck::checkpoint, named after torch.utils.checkpoint's arguments where one exists.

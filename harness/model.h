@@ -35,6 +35,10 @@ class SiteRunner {
   /// of several of them as one segment (the `segments:N` policy); by default each is call()ed.
   virtual torch::Tensor chain(const std::vector<std::string>& sites,
                               const std::vector<TensorFn>& fns, const torch::Tensor& x);
+
+  /// True when this forward checkpoints some unit: a model that checkpoints itself (its own
+  /// switch, as Hugging Face's gradient_checkpointing_enable) turns its switch on then.
+  virtual bool checkpointing() const { return false; }
 };
 
 /// Calls every site plainly: the reference run.
@@ -131,6 +135,14 @@ class Model {
   virtual std::map<std::string, SiteMemory> analytic_memory(int element_bytes) const { return {}; }
   /// Where the formula comes from, for reports.
   virtual std::string analytic_formula() const { return ""; }
+
+  /// The checkpoint under test, applied to each checkpointed unit: ckcheck::checkpoint by
+  /// default; a Python model may be checked with torch.utils.checkpoint instead. It must call
+  /// `options.observer()` as ckcheck::checkpoint does.
+  virtual std::vector<torch::Tensor> checkpoint_unit(const SiteFn& fn, const std::vector<torch::Tensor>& inputs,
+                                                     const CheckpointOptions& options) {
+    return ckcheck::checkpoint(fn, inputs, options);
+  }
 
   /// Model options as given, for reports and the reproduce command ("layers" -> "4").
   virtual std::map<std::string, std::string> options() const { return {}; }

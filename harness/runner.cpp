@@ -130,7 +130,14 @@ class EvidenceObserver : public CheckpointObserver {
     for (size_t i = 0; i < inputs.size(); ++i) {
       e.content_changed.push_back(i < prints.size() && fingerprint(inputs[i]) != prints[i]);
     }
+    output_grads(c, grads);
+  }
+
+  void output_grads(const CheckpointCall& c, const std::vector<Tensor>& grads) override {
+    if (!evidence_) return;
+    at::DisableRecordFunctionGuard quiet;
     torch::NoGradGuard no_grad;
+    auto& e = calls_[c.id];
     for (const auto& g : grads) {
       if (g.defined() && g.numel() > 0 && g.abs().max().item<double>() != 0.0) e.grad_all_zero = false;
     }
@@ -292,7 +299,8 @@ class PlanSiteRunner : public UnitSiteRunner {
  public:
   PlanSiteRunner(const Plan* plan, CheckpointOptions base, Model& model, bool restore_buffers,
                  OpTracer* tracer)
-      : UnitSiteRunner(plan), base_(std::move(base)), model_(model), restore_buffers_(restore_buffers), tracer_(tracer) {}
+      : UnitSiteRunner(plan), base_(std::move(base)), model_(model), restore_buffers_(restore_buffers), tracer_(tracer),
+        checkpoints_(plan && !plan->units.empty()) {}
 
  protected:
   std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
@@ -306,8 +314,10 @@ class PlanSiteRunner : public UnitSiteRunner {
       }
       o.restore_buffers(buffers);
     }
-    return checkpoint(fn, inputs, o);
+    return model_.checkpoint_unit(fn, inputs, o);
   }
+
+  bool checkpointing() const override { return checkpoints_; }
 
   SiteFn wrap_site(const std::string& site, const SiteFn& fn) override {
     if (!tracer_) return fn;
@@ -326,6 +336,7 @@ class PlanSiteRunner : public UnitSiteRunner {
   Model& model_;
   bool restore_buffers_;
   OpTracer* tracer_;
+  bool checkpoints_;
 };
 
 Tensor upstream_for(const Tensor& out, uint64_t seed, int64_t step, size_t index) {

@@ -67,6 +67,18 @@ else
   echo "install-deps: $venv has torch $torch${vision:+ and torchvision $vision}"
 fi
 
+# Real models for the eager-Python tests, built from configs with random weights: Hugging Face
+# transformers and PEFT (timm where torchvision is there). torch is named with its version so
+# that nothing replaces it. Optional: without them those tests report as skipped.
+extras=(transformers peft)
+[[ -n $vision ]] && extras+=(timm "torchvision==$vision")
+if ! "$py" -c 'import transformers, peft' 2>/dev/null; then
+  echo "install-deps: pip installing ${extras[*]} into $venv"
+  "$py" -m pip install -q --disable-pip-version-check "${extras[@]}" "torch==$torch" 2>&1 | grep -v "^WARNING: Location" || true
+  "$py" -c 'import transformers, peft' 2>/dev/null \
+    || echo "install-deps: ${extras[*]} did not install; the tests on them are skipped"
+fi
+
 # A CUDA torch's CMake files look for a whole CUDA toolkit (cuBLAS, cuDNN, ... headers and
 # libraries); the machine's nvcc comes without them and the wheels carry them: join the two.
 if "$py" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'; then

@@ -1,0 +1,117 @@
+"""ckcheck for eager PyTorch models: is gradient checkpointing correct for this model?
+
+    import ckcheck
+    report = ckcheck.run(model, (x,), checkpoint="torch")      # the JSON report, as a dict
+    ckcheck.assert_checkpoint_equivalent(model, (x,))           # in a pytest test
+
+The runner, the checks, the comparisons and the reports are ckcheck's C++ ones (ckcheck._core);
+this package only hands them the model. The model is restored to its state after the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import torch  # noqa: F401  (LibTorch first: ckcheck._core links against it)
+
+from ckcheck import _core, _registry
+from ckcheck._model import UsageError
+
+__all__ = ["run", "assert_checkpoint_equivalent", "main", "UsageError", "CheckpointMismatch"]
+
+
+class CheckpointMismatch(AssertionError):
+    """Checkpointing changes what the model computes; the message is ckcheck's console report."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def main(argv) -> int:
+    """Runs `ckcheck ARGV...` in this process; returns the exit status."""
+    return _core.cli_main([str(a) for a in argv])
+
+
+def _capture_stderr(fn):
+    """Runs fn() with file descriptor 2 going to a temporary file; returns (result, text)."""
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        return result, tmp.read().decode(errors="replace")
+
+
+def _factory(model, inputs, loss, enable, disable):
+    def make():
+        d = {"model": model}
+        if inputs is not None:
+            d["inputs"] = inputs
+        for key, value in (("loss", loss), ("enable", enable), ("disable", disable)):
+            if value is not None:
+                d[key] = value
+        return d
+    return make
+
+
+def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="ckcheck", seed=0,
+        steps=1, checks=None, tolerance="bitwise", loss=None, enable=None, disable=None,
+        preserve_rng_state=True, args=()):
+    """Checks `model` (an nn.Module) on `inputs` and returns ckcheck's report as a dict.
+
+    inputs: a tensor, a tuple/list of positional arguments or a dict of keyword arguments.
+    sites: globs over named_modules() paths (default: the model's blocks).
+    policy: none, every:K, segments[:N] or sites:GLOB.
+    checkpoint: "ckcheck", "torch" (torch.utils.checkpoint, use_reentrant=False),
+        "torch-reentrant" or "model" (the model's own gradient_checkpointing_enable()).
+    loss: loss(output) -> tensor(s) to differentiate (default: every floating-point output).
+    enable/disable: the model's own checkpointing switch, for checkpoint="model".
+    args: more `ckcheck run` arguments, as on the command line.
+    The report has "verdict" ("pass", "fail" or "error"), "checks" (id, status, summary,
+    findings with site, cause and hint), "tensors" and "console" (the console report's text).
+    Raises UsageError (one line) for what cannot be checked.
+    """
+    spec = _registry.add(_factory(model, inputs, loss, enable, disable))
+    with tempfile.TemporaryDirectory(prefix="ckcheck-") as folder:
+        json_path = os.path.join(folder, "report.json")
+        text_path = os.path.join(folder, "report.txt")
+        argv = ["run", "--model", spec, "--policy", policy, "--seed", str(seed), "--steps", str(steps),
+                "--checkpoint", checkpoint, "--tolerance", tolerance,
+                "--report", f"json={json_path}", "--report", f"console={text_path}"]
+        if sites:
+            argv += ["--sites", ",".join([sites] if isinstance(sites, str) else sites)]
+        if checks:
+            argv += ["--checks", ",".join([checks] if isinstance(checks, str) else checks)]
+        if not preserve_rng_state:
+            argv.append("--no-preserve-rng")
+        argv += [str(a) for a in args]
+        try:
+            status, errors = _capture_stderr(lambda: main(argv))
+        finally:
+            _registry.remove(spec)
+        if status == 2 or not os.path.exists(json_path):
+            lines = [l for l in errors.splitlines() if l.strip()]
+            message = lines[-1] if lines else f"ckcheck exited with status {status}"
+            raise UsageError(message.removeprefix("ckcheck: error: "))
+        with open(json_path) as f:
+            report = json.load(f)
+        with open(text_path) as f:
+            report["console"] = f.read()
+    return report
+
+
+def assert_checkpoint_equivalent(model, inputs=None, **kwargs):
+    """Fails (CheckpointMismatch, an AssertionError) unless checkpointing `model` changes nothing:
+    gradients, outputs, state and every hazard check, as `ckcheck.run` with the same arguments.
+    Warnings do not fail. Returns the report."""
+    report = run(model, inputs, **kwargs)
+    if report.get("verdict") != "pass":
+        raise CheckpointMismatch(report["console"], report)
+    return report

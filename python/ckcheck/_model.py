@@ -1,0 +1,593 @@
+"""An eager PyTorch model as ckcheck's C++ runner sees it (ckcheck._core.PythonModel calls this).
+
+The factory named by --model returns one of:
+  - an nn.Module (inputs then come from --input-shape/--input-dtype/--input-range or --input);
+  - a tuple (module, inputs) or (module, inputs, loss);
+  - a dict with "model" and any of "inputs", "args", "kwargs", "loss", "enable", "disable".
+`inputs` is a tensor, a tuple or list of positional arguments, or a dict of keyword arguments;
+"args"/"kwargs" give both kinds at once. `loss(output)` returns the tensor(s) to differentiate
+(default: every floating-point tensor of the output, through a seeded random projection).
+"enable"/"disable" switch the model's own checkpointing for --checkpoint model (default: its
+gradient_checkpointing_enable()/gradient_checkpointing_disable()).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+
+import torch
+from torch.utils import _pytree as pytree
+
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()).keys()) | {"forward"}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+class UsageError(Exception):
+    """What the user must fix; ckcheck prints it on one line and exits with status 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading the factory
+
+
+def _import_factory(spec: str):
+    path, _, name = spec.rpartition(":") if ":" in spec else (spec, ":", "make_model")
+    if not name:
+        name = "make_model"
+    if path.endswith(".py"):
+        if not os.path.isfile(path):
+            raise UsageError(f"no Python file '{path}'")
+        mod_name = "ckcheck_user_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[mod_name] = module
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder not in sys.path:
+            sys.path.insert(0, folder)  # the file's own imports of its neighbours
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:  # one line: what failed in the user's file
+            raise UsageError(f"importing {path} failed: {type(e).__name__}: {_first_line(e)}") from e
+    else:
+        try:
+            module = importlib.import_module(path)
+        except Exception as e:
+            raise UsageError(f"importing {path} failed: {type(e).__name__}: {_first_line(e)}") from e
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise UsageError(f"{path} has no callable '{name}' (write FILE.py:CALLABLE)")
+    return factory
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _parse_result(result):
+    """(module, args, kwargs, loss, enable, disable) from what the factory returned."""
+    parts = {}
+    if isinstance(result, torch.nn.Module):
+        parts["model"] = result
+    elif isinstance(result, dict):
+        unknown = set(result) - {"model", "inputs", "args", "kwargs", "loss", "enable", "disable"}
+        if unknown:
+            raise UsageError(f"the factory's dict has unknown keys {sorted(unknown)}; "
+                             "known: model, inputs, args, kwargs, loss, enable, disable")
+        parts = dict(result)
+    elif isinstance(result, (tuple, list)) and 2 <= len(result) <= 3:
+        parts["model"], parts["inputs"] = result[0], result[1]
+        if len(result) == 3:
+            parts["loss"] = result[2]
+    else:
+        raise UsageError("the factory must return an nn.Module, (module, inputs[, loss]) or a dict "
+                         f"with 'model'; it returned {type(result).__name__}")
+    module = parts.get("model")
+    if not isinstance(module, torch.nn.Module):
+        raise UsageError(f"the factory's model is a {type(module).__name__}, not a torch.nn.Module")
+    args, kwargs = (), {}
+    if "inputs" in parts:
+        inputs = parts["inputs"]
+        if isinstance(inputs, torch.Tensor):
+            args = (inputs,)
+        elif isinstance(inputs, (tuple, list)):
+            args = tuple(inputs)
+        elif isinstance(inputs, dict):
+            kwargs = dict(inputs)
+        else:
+            raise UsageError("the factory's inputs must be a tensor, a tuple or list (positional) or a "
+                             f"dict (keyword arguments), not {type(inputs).__name__}")
+    args = tuple(parts.get("args", args))
+    kwargs = dict(parts.get("kwargs", kwargs))
+    for key in ("loss", "enable", "disable"):
+        if parts.get(key) is not None and not callable(parts[key]):
+            raise UsageError(f"the factory's '{key}' must be callable")
+    return module, args, kwargs, parts.get("loss"), parts.get("enable"), parts.get("disable")
+
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
+
+
+def _option_inputs(opts: dict, seed: int):
+    """Positional inputs from --input-shape/--input-dtype/--input-range or --input."""
+    if opts.get("file"):
+        path = opts["file"]
+        try:
+            loaded = torch.load(path, weights_only=True)
+        except Exception as e:
+            raise UsageError(f"--input {path}: {type(e).__name__}: {_first_line(e)}") from e
+        if isinstance(loaded, torch.Tensor):
+            return (loaded,)
+        if isinstance(loaded, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in loaded):
+            return tuple(loaded)
+        raise UsageError(f"--input {path} holds a {type(loaded).__name__}; save a tensor, list or tuple of tensors")
+    if not opts.get("shape"):
+        raise UsageError("the factory returns no inputs; give --input-shape (and --input-dtype, "
+                         "--input-range) or --input FILE, or return (model, inputs) from the factory")
+    try:
+        shape = [int(s) for s in opts["shape"].split(",")]
+    except ValueError:
+        raise UsageError(f"--input-shape {opts['shape']}: sizes are whole numbers, as 2,3,224,224") from None
+    if not shape or any(s < 1 for s in shape):
+        raise UsageError(f"--input-shape {opts['shape']}: every size must be at least 1")
+    dtype = _DTYPES.get(opts.get("dtype") or "float32")
+    if dtype is None:
+        raise UsageError(f"--input-dtype {opts['dtype']}: valid: {', '.join(_DTYPES)}")
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = (0.0, 1.0) if dtype.is_floating_point else (0, 2)
+    if opts.get("range"):
+        try:
+            lo, hi = (float(v) for v in opts["range"].split(","))
+        except ValueError:
+            raise UsageError(f"--input-range {opts['range']}: write LO,HI") from None
+        if not lo < hi:
+            raise UsageError(f"--input-range {opts['range']}: LO must be below HI")
+    if dtype.is_floating_point:
+        x = torch.rand(shape, generator=gen) * (hi - lo) + lo
+        return (x.to(dtype),)
+    return (torch.randint(int(lo), int(hi), shape, generator=gen).to(dtype),)
+
+
+def load(spec: str, seed: int, input_opts: dict, checkpoint: str, mode: str) -> "ModelAdapter":
+    factory = _import_factory(spec)
+    torch.manual_seed(seed)  # the model's random weights follow --seed
+    try:
+        result = factory()
+    except UsageError:
+        raise
+    except Exception as e:
+        raise UsageError(f"the factory raised {type(e).__name__}: {_first_line(e)}") from e
+    module, args, kwargs, loss, enable, disable = _parse_result(result)
+    if not args and not kwargs:
+        args = _option_inputs(input_opts, seed)
+    elif input_opts.get("shape") or input_opts.get("file"):
+        raise UsageError("the factory returns its own inputs; drop --input-shape/--input")
+    if mode == "train":
+        module.train()
+    elif mode == "eval":
+        module.eval()
+    name = spec
+    return ModelAdapter(name, module, args, kwargs, loss, enable, disable, checkpoint)
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+
+def _float_tensors(obj, out, seen):
+    """Every floating-point tensor in an output: tensors, tuples, lists, dicts, dataclasses and
+    model-output objects, in a stable order."""
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point() or obj.is_complex():
+            out.append(obj)
+        return
+    if id(obj) in seen or isinstance(obj, _SCALARS):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        for v in obj.values():
+            _float_tensors(v, out, seen)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            _float_tensors(v, out, seen)
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _float_tensors(getattr(obj, f.name), out, seen)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+
+class ModelAdapter:
+    """What ckcheck's Model interface needs, for an nn.Module and its inputs."""
+
+    def __init__(self, name, module, args, kwargs, loss, enable, disable, checkpoint):
+        self.name = name
+        self.module = module
+        self.loss = loss
+        self.checkpoint = checkpoint
+        self._call_site = None
+        self._recording = None
+        self._structures = []  # (leaves, spec, tensor positions) of the site calls under way
+        self._paths = {}
+        leaves, self._in_spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        self._in_leaves = leaves
+        self._in_idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        if not self._in_idx:
+            raise UsageError("the model's inputs hold no tensor")
+        # Hugging Face's switch (activation_* in transformers 5, gradient_* before).
+        self._enable = enable or getattr(module, "activation_checkpointing_enable", None) \
+            or getattr(module, "gradient_checkpointing_enable", None)
+        self._disable = disable or getattr(module, "activation_checkpointing_disable", None) \
+            or getattr(module, "gradient_checkpointing_disable", None)
+        if checkpoint == "model" and not (callable(self._enable) and callable(self._disable)):
+            raise UsageError("--checkpoint model needs the model's own switch: the module has no "
+                             "gradient_checkpointing_enable()/_disable(); return 'enable' and 'disable' "
+                             "callables from the factory, or use --checkpoint torch")
+        self._wrap_modules()
+        self._switch_attrs = set()
+        if checkpoint == "model":
+            self._switch_attrs = self._attributes_the_switch_sets()
+        start = self.snapshot()
+        try:
+            self.sites, self.default_sites = self._discover()
+        finally:
+            self.restore(start)
+
+    # -- sites ----------------------------------------------------------------------------------
+    def _wrap_modules(self):
+        for path, m in self.module.named_modules():
+            if not path:
+                continue
+            self._paths[path] = m
+            had_own = "forward" in vars(m)
+            m.forward = self._wrapped(path, m.forward)
+            m.forward._ckcheck_had_own = had_own
+
+    def close(self):
+        """Gives every module its own forward back (ckcheck.run leaves the model as it found it)."""
+        self._call_site = None
+        for m in self._paths.values():
+            wrapper = vars(m).get("forward")
+            if wrapper is None or not hasattr(wrapper, "_ckcheck_had_own"):
+                continue
+            if wrapper._ckcheck_had_own:
+                m.forward = wrapper.__wrapped__
+            else:
+                del m.forward
+        self._paths = {}
+
+    def _wrapped(self, path, forward):
+        @functools.wraps(forward)
+        def call(*args, **kwargs):
+            if self._recording is not None:
+                self._recording(path)
+            call_site = self._call_site
+            if call_site is None:
+                return forward(*args, **kwargs)
+            leaves, spec = pytree.tree_flatten((args, kwargs))
+            idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+            box = {}
+
+            def fn(tensors):
+                ls = list(leaves)
+                for i, t in zip(idx, tensors):
+                    ls[i] = t
+                a, k = pytree.tree_unflatten(ls, spec)
+                out = forward(*a, **k)
+                out_leaves, out_spec = pytree.tree_flatten(out)
+                out_idx = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
+                if "out" not in box:
+                    box["out"] = (out_leaves, out_spec, out_idx)
+                return [out_leaves[i] for i in out_idx]
+
+            self._structures.append((leaves, spec, idx))
+            try:
+                ys = call_site(path, fn, [leaves[i] for i in idx])
+            finally:
+                self._structures.pop()
+            out_leaves, out_spec, out_idx = box["out"]
+            out_leaves = list(out_leaves)
+            for i, y in zip(out_idx, ys):
+                out_leaves[i] = y
+            return pytree.tree_unflatten(out_leaves, out_spec)
+
+        return call
+
+    def _discover(self):
+        """The sites the forward calls, in the order it first reaches them, and the default ones."""
+        called = []
+        seen = set()
+
+        def record(path):
+            if path not in seen:
+                seen.add(path)
+                called.append(path)
+
+        self._recording = record
+        try:
+            with torch.no_grad():
+                self._run_plain()
+        except UsageError:
+            raise
+        except Exception as e:
+            raise UsageError(f"the model fails without checkpointing: {type(e).__name__}: {_first_line(e)}") from e
+        finally:
+            self._recording = None
+        if self.checkpoint == "model":
+            return called, self._own_sites(called)
+        return called, self._block_sites(called)
+
+    def _run_plain(self):
+        a, k = pytree.tree_unflatten(list(self._in_leaves), self._in_spec)
+        return self.module(*a, **k)
+
+    def _block_sites(self, called):
+        """The model's blocks: the children of each outermost ModuleList or Sequential whose
+        children with parameters are at least two, all of one class or of subclasses of one
+        (transformer layers, ResNet blocks, ViT blocks; not a stem of a convolution and a norm)."""
+        called_set = set(called)
+        chosen = []
+        for path, m in self.module.named_modules():
+            if not isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+                continue
+            if any(path == c or path.startswith(c + ".") for c in chosen):
+                continue
+            kids = [(f"{path}.{n}" if path else n, c) for n, c in m.named_children()]
+            with_params = [(p, c) for p, c in kids if any(True for _ in c.parameters()) and p in called_set]
+            if len(with_params) >= 2 and _share_a_class([c for _, c in with_params]):
+                chosen.append(path)
+        blocks = [p for p in called if any(p.rpartition(".")[0] == c or (c == "" and "." not in p) for c in chosen)]
+        if blocks:
+            return blocks
+        return [p for p in called if "." not in p]  # the root's children
+
+    def _own_sites(self, called):
+        """--checkpoint model: the sites the model's own checkpoint recomputes (called again during
+        backward), outermost only."""
+        recomputed = []
+
+        def record(path):
+            if torch._C._current_graph_task_id() != -1 and path not in recomputed:
+                recomputed.append(path)
+
+        self._enable()
+        self._recording = record
+        try:
+            with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+                out = self._run_plain()
+                ts = []
+                _float_tensors(self.loss(out) if self.loss else out, ts, set())
+                ts = [t for t in ts if t.requires_grad]
+                if ts:
+                    torch.autograd.backward([t.sum() for t in ts])
+        except Exception as e:
+            raise UsageError(f"the model fails with its own checkpointing on: {type(e).__name__}: {_first_line(e)}") from e
+        finally:
+            self._recording = None
+            self._disable()
+        outer = [p for p in called if p in recomputed and not any(p.startswith(q + ".") for q in recomputed)]
+        if not outer:
+            raise UsageError("--checkpoint model: the model's own switch checkpointed nothing (no module ran "
+                             "again during backward); is the model in training mode, and does a checkpointed "
+                             "layer get an input that requires grad?")
+        return outer
+
+    def torch_checkpoint(self, fn, inputs, reentrant, preserve_rng_state):
+        """torch.utils.checkpoint.checkpoint around the unit now being called, with its arguments
+        as the model passes them (tensors nested in tuples and dicts stay nested, keyword
+        arguments stay keywords: bound with functools.partial under use_reentrant=True, which takes
+        none, as Hugging Face does). `fn` takes the flat tensors.
+
+        Early stopping of the non-reentrant recompute is off so that the recompute always runs to
+        its end (it changes no value, only how much is recomputed)."""
+        import torch.utils.checkpoint as tc
+
+        leaves, spec, idx = self._structures[-1]
+
+        def structured(*a, **k):
+            flat, _ = pytree.tree_flatten((a, k))
+            return fn(*[flat[i] for i in idx])
+
+        a, k = pytree.tree_unflatten(list(leaves), spec)
+        with tc.set_checkpoint_early_stop(False):
+            if reentrant:
+                out = tc.checkpoint(functools.partial(structured, **k), *a, use_reentrant=True,
+                                    preserve_rng_state=preserve_rng_state)
+            else:
+                out = tc.checkpoint(structured, *a, use_reentrant=False, preserve_rng_state=preserve_rng_state, **k)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def site_problem(self, site):
+        if self.checkpoint == "model" and site not in self.default_sites:
+            return ("with --checkpoint model the model decides where checkpoints go; it checkpoints "
+                    + ", ".join(self.default_sites))
+        return ""
+
+    # -- steps ----------------------------------------------------------------------------------
+    def make_inputs(self, seed):
+        return [self._in_leaves[i].detach().clone() for i in self._in_idx]
+
+    def forward(self, tensors, call_site, checkpointing):
+        leaves = list(self._in_leaves)
+        for i, t in zip(self._in_idx, tensors):
+            leaves[i] = t
+        a, k = pytree.tree_unflatten(leaves, self._in_spec)
+        own = self.checkpoint == "model"
+        if own:
+            (self._enable if checkpointing else self._disable)()
+        # Kept after the forward: the backward's recomputes call the modules again.
+        self._call_site = call_site
+        try:
+            with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+                out = self.module(*a, **k)
+                if self.loss is not None:
+                    out = self.loss(out)
+        except BaseException:
+            self._call_site = None
+            raise
+        ts = []
+        _float_tensors(out, ts, set())
+        if not ts:
+            raise UsageError("the model's output holds no floating-point tensor to differentiate; "
+                             "return a 'loss' from the factory")
+        return ts
+
+    # -- state ----------------------------------------------------------------------------------
+    def named_parameters(self):
+        return list(self.module.named_parameters())
+
+    def named_buffers(self):
+        return list(self.module.named_buffers())
+
+    def _attributes(self):
+        """(module path, module, attribute name) of every attribute that is state: numbers, flags,
+        strings, tensors held as plain attributes and containers of those."""
+        for path, m in self.module.named_modules():
+            for key, value in vars(m).items():
+                if key in _MODULE_INTERNALS or key.startswith("__"):
+                    continue
+                full = f"{path}.{key}" if path else key
+                if full in self._switch_attrs or not _is_state_value(value):
+                    continue
+                yield path, m, key, full
+
+    def _attributes_the_switch_sets(self):
+        def values():
+            return {f"{p}.{k}" if p else k: _fingerprint(v) for p, m in self.module.named_modules()
+                    for k, v in vars(m).items() if k not in _MODULE_INTERNALS and _is_state_value(v)}
+
+        before = values()
+        self._enable()
+        on = values()
+        self._disable()
+        after = values()
+        return {k for k in set(before) | set(on) | set(after)
+                if before.get(k) != on.get(k) or on.get(k) != after.get(k)}
+
+    def state_tensors(self):
+        out = [(n, b, "buffer") for n, b in self.module.named_buffers()]
+        for path, m, key, full in self._attributes():
+            _flatten_attr("@" + full, getattr(m, key), out)
+        for path, m in self.module.named_modules():
+            out.append(("@" + (f"{path}.training" if path else "training"), torch.tensor(m.training), "mode"))
+        return out
+
+    def eval_modules(self):
+        return [p or "(root)" for p, m in self.module.named_modules() if not m.training]
+
+    def snapshot(self):
+        with torch.no_grad():
+            params = {n: p.detach().clone() for n, p in self.module.named_parameters()}
+            buffers = {n: b.detach().clone() for n, b in self.module.named_buffers()}
+        attrs = {full: (m, key, _copy_value(getattr(m, key))) for path, m, key, full in self._attributes()}
+        modes = {path: m.training for path, m in self.module.named_modules()}
+        return params, buffers, attrs, modes
+
+    def restore(self, snap):
+        params, buffers, attrs, modes = snap
+        with torch.no_grad():
+            for n, p in self.module.named_parameters():
+                if n in params:
+                    p.copy_(params[n])
+                p.grad = None
+            for n, b in self.module.named_buffers():
+                if n in buffers:
+                    b.copy_(buffers[n])
+        for full, (m, key, value) in attrs.items():
+            if isinstance(value, _GeneratorState):
+                getattr(m, key).set_state(value.state)
+            else:
+                setattr(m, key, _copy_value(value))
+        for path, m in self.module.named_modules():
+            if path in modes:
+                m.training = modes[path]
+
+    def to(self, device):
+        self.module.to(device)
+        self._in_leaves = [v.to(device) if isinstance(v, torch.Tensor) else v for v in self._in_leaves]
+
+    def options(self):
+        return {}
+
+
+def _share_a_class(modules):
+    """True when the modules have a common class below nn.Module."""
+    common = None
+    for m in modules:
+        mro = {c for c in type(m).__mro__ if issubclass(c, torch.nn.Module) and c is not torch.nn.Module}
+        common = mro if common is None else common & mro
+    return bool(common)
+
+
+class _GeneratorState:
+    """A torch.Generator attribute's state, put back into the same generator."""
+
+    def __init__(self, state):
+        self.state = state
+
+
+def _is_state_value(value, depth=0):
+    if isinstance(value, torch.Generator):
+        return depth == 0
+    if isinstance(value, torch.Tensor):
+        return not isinstance(value, torch.nn.Parameter)
+    if isinstance(value, _SCALARS):
+        return True
+    if depth < 3 and isinstance(value, (tuple, list)):
+        return all(_is_state_value(v, depth + 1) for v in value)
+    if depth < 3 and isinstance(value, dict):
+        return all(isinstance(k, _SCALARS) and _is_state_value(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _copy_value(value):
+    if isinstance(value, torch.Generator):
+        return _GeneratorState(value.get_state())
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    return copy.deepcopy(value)
+
+
+def _fingerprint(value):
+    if isinstance(value, torch.Generator):
+        return ("generator", id(value))
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype), id(value))
+    try:
+        return repr(value)
+    except Exception:
+        return id(value)
+
+
+def _flatten_attr(name, value, out):
+    if isinstance(value, torch.Generator):
+        out.append((name, value.get_state(), "extra"))
+    elif isinstance(value, torch.Tensor):
+        out.append((name, value, "attribute"))
+    elif value is None:
+        out.append((name, None, "attribute"))
+    elif isinstance(value, bool):
+        out.append((name, torch.tensor(value), "scalar"))
+    elif isinstance(value, int):
+        small = -(2**63) <= value < 2**63
+        out.append((name, torch.tensor(value if small else hash(value), dtype=torch.int64), "scalar"))
+    elif isinstance(value, float):
+        out.append((name, torch.tensor(value, dtype=torch.float64), "scalar"))
+    elif isinstance(value, str):
+        out.append((name, torch.tensor(hash(value) & 0x7FFFFFFFFFFFFFFF, dtype=torch.int64), "scalar"))
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            _flatten_attr(f"{name}.{i}", v, out)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _flatten_attr(f"{name}.{k}", v, out)

@@ -1,0 +1,288 @@
+// ckcheck._core: the C++ core of ckcheck inside a Python process, so that eager PyTorch models are
+// checked by the same runner, checks and reports as the others.
+//
+// A Python model (ckcheck/_model.py, class ModelAdapter) is seen by the runner as a Model: every
+// call of one of its submodules goes through the runner's SiteRunner, which runs it plainly or
+// checkpoints it -- with ckcheck's checkpoint, or with torch.utils.checkpoint (--checkpoint
+// torch, torch-reentrant), or leaves the checkpointing to the model's own switch (--checkpoint
+// model) and only watches. In every mode the CheckpointObserver hears the forward and the
+// recompute of each checkpointed call, so the evidence, causes and sites are those of ckcheck's own
+// checkpoint.
+//
+// The GIL: cli_main releases it for the whole run; every call into Python takes it.
+#include <torch/extension.h>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/app.h"
+#include "cli/common.h"
+#include "harness/errors.h"
+#include "harness/model.h"
+
+namespace py = pybind11;
+
+namespace ckcheck::python {
+namespace {
+
+using torch::Tensor;
+
+// "ValueError: bad shape": a Python exception as one line.
+std::string one_line(const py::error_already_set& e) {
+  std::string type = "Exception";
+  try {
+    type = py::str(e.type().attr("__name__"));
+  } catch (...) {
+  }
+  std::string message = py::str(e.value());
+  const auto cut = message.find('\n');
+  if (cut != std::string::npos) message = message.substr(0, cut);
+  return type == "UsageError" ? message : type + ": " + message;
+}
+
+// The GIL, for a call from the C++ core into Python. An error that autograd left set (its Python
+// engine restores a failed backward's Python error before the C++ exception reaches the runner,
+// which keeps the message) is stale by then: cleared, or the next call would fail with it.
+struct IntoPython {
+  py::gil_scoped_acquire gil;
+  IntoPython() { PyErr_Clear(); }
+};
+
+// Call ids of checkpoints that are not ckcheck's, far from ckcheck::checkpoint's own counter.
+int64_t next_call_id() {
+  static std::atomic<int64_t> next{int64_t{1} << 40};
+  return next++;
+}
+
+bool in_backward() {
+  return py::module_::import("torch._C").attr("_current_graph_task_id")().cast<int64_t>() != -1;
+}
+
+// Reports the gradients reaching `ys` (those that take one) to the observer as they arrive.
+void watch_grads(const std::vector<Tensor>& ys, const std::shared_ptr<CheckpointObserver>& observer,
+                 const CheckpointCall& call) {
+  if (!observer) return;
+  for (const auto& y : ys) {
+    if (!y.defined() || !y.requires_grad()) continue;
+    y.register_hook([observer, call](const Tensor& g) { observer->output_grads(call, {g}); });
+  }
+}
+
+class PythonModel : public Model {
+ public:
+  PythonModel(py::object adapter, std::string checkpoint)
+      : adapter_(std::move(adapter)), checkpoint_(std::move(checkpoint)) {
+    name_ = adapter_.attr("name").cast<std::string>();
+    sites_ = adapter_.attr("sites").cast<std::vector<std::string>>();
+    default_sites_ = adapter_.attr("default_sites").cast<std::vector<std::string>>();
+  }
+  ~PythonModel() override {
+    IntoPython gil;
+    snapshots_.clear();
+    try {
+      adapter_.attr("close")();  // the user's modules get their own forwards back
+    } catch (py::error_already_set&) {
+    }
+    adapter_ = py::object();
+  }
+
+  std::string name() const override { return name_; }
+  std::vector<std::string> sites() const override { return sites_; }
+  std::vector<std::string> default_sites() const override { return default_sites_; }
+
+  std::string site_problem(const std::string& site) const override {
+    IntoPython gil;
+    return adapter_.attr("site_problem")(site).cast<std::string>();
+  }
+
+  std::vector<Tensor> make_inputs(uint64_t seed) override {
+    IntoPython gil;
+    return call<std::vector<Tensor>>("make_inputs", seed);
+  }
+
+  // The module calls go to `runner` until the next forward: a recompute during this step's
+  // backward calls them again (the runner lives until the step's backward is over).
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs, SiteRunner& runner) override {
+    IntoPython gil;
+    pending_.clear();
+    auto call_site = py::cpp_function([&runner](const std::string& site, py::function fn, std::vector<Tensor> xs) {
+      // The checkpoint may keep the function until a backward that runs without the GIL.
+      std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* p) {
+        py::gil_scoped_acquire gil;
+        delete p;
+      });
+      SiteFn f = [held](const std::vector<Tensor>& ts) {
+        IntoPython gil;
+        return (*held)(ts).cast<std::vector<Tensor>>();
+      };
+      return runner.call(site, f, xs);
+    });
+    return call<std::vector<Tensor>>("forward", inputs, call_site, runner.checkpointing());
+  }
+
+  NamedTensors named_parameters() override { return named("named_parameters"); }
+  NamedTensors named_buffers() override { return named("named_buffers"); }
+
+  NamedTensors state_tensors() override {
+    IntoPython gil;
+    NamedTensors out;
+    for (const auto& item : adapter_.attr("state_tensors")()) {
+      auto t = item.cast<py::tuple>();
+      const auto name = t[0].cast<std::string>();
+      kinds_[name] = t[2].cast<std::string>();
+      out.emplace_back(name, t[1].is_none() ? Tensor() : t[1].cast<Tensor>());
+    }
+    return out;
+  }
+
+  std::string state_kind_of(const std::string& name) const override {
+    auto it = kinds_.find(name);
+    return it != kinds_.end() ? it->second : Model::state_kind_of(name);
+  }
+
+  std::vector<std::string> eval_modules() const override {
+    IntoPython gil;
+    return adapter_.attr("eval_modules")().cast<std::vector<std::string>>();
+  }
+
+  void to(const torch::Device& device) override {
+    IntoPython gil;
+    adapter_.attr("to")(device.str());
+    device_ = device;
+  }
+  torch::Device device() const override { return device_; }
+
+  // The Python side copies and puts back everything (parameters, buffers, attributes, training
+  // flags); the ModelState carries the key of its copy.
+  ModelState snapshot() override {
+    IntoPython gil;
+    const int64_t key = next_snapshot_++;
+    snapshots_[key] = adapter_.attr("snapshot")();
+    ModelState s;
+    s.values.emplace_back("@python-snapshot", c10::IValue(key));
+    return s;
+  }
+
+  void restore(const ModelState& state) override {
+    IntoPython gil;
+    for (const auto& [name, value] : state.values) {
+      if (name != "@python-snapshot") continue;
+      auto it = snapshots_.find(value.toInt());
+      TORCH_CHECK(it != snapshots_.end(), "model ", name_, ": unknown snapshot");
+      adapter_.attr("restore")(it->second);
+    }
+  }
+
+  std::map<std::string, std::string> options() const override {
+    IntoPython gil;
+    return adapter_.attr("options")().cast<std::map<std::string, std::string>>();
+  }
+
+  std::vector<Tensor> checkpoint_unit(const SiteFn& fn, const std::vector<Tensor>& inputs,
+                                      const CheckpointOptions& o) override {
+    if (checkpoint_ == "ckcheck") return ckcheck::checkpoint(fn, inputs, o);
+    IntoPython gil;
+    if (checkpoint_ == "model") return watch_own(fn, inputs, o);
+    return torch_checkpoint(fn, inputs, o);
+  }
+
+ private:
+  template <typename T, typename... Args>
+  T call(const char* method, Args&&... args) {
+    return adapter_.attr(method)(std::forward<Args>(args)...).template cast<T>();
+  }
+
+  NamedTensors named(const char* method) {
+    IntoPython gil;
+    NamedTensors out;
+    for (const auto& item : adapter_.attr(method)()) {
+      auto t = item.cast<py::tuple>();
+      out.emplace_back(t[0].cast<std::string>(), t[1].cast<Tensor>());
+    }
+    return out;
+  }
+
+  // torch.utils.checkpoint around the unit; the function it calls tells the observer whether it
+  // runs as the forward (first call) or the recompute (later calls).
+  std::vector<Tensor> torch_checkpoint(const SiteFn& fn, const std::vector<Tensor>& inputs,
+                                       const CheckpointOptions& o) {
+    const CheckpointCall call{o.name(), next_call_id()};
+    auto observer = o.observer();
+    auto calls = std::make_shared<int>(0);
+    auto inner = py::cpp_function([fn, observer, call, calls](py::args args) {
+      std::vector<Tensor> xs;
+      for (const auto& a : args) xs.push_back(a.cast<Tensor>());
+      const bool recompute = (*calls)++ > 0;
+      if (observer) recompute ? observer->recompute_begin(call, xs, {}) : observer->forward_begin(call, xs);
+      auto ys = fn(xs);
+      if (observer) recompute ? observer->recompute_end(call, ys) : observer->forward_end(call, xs, ys);
+      return py::tuple(py::cast(ys));
+    });
+    auto ys = adapter_.attr("torch_checkpoint")(inner, inputs, checkpoint_ == "torch-reentrant", o.preserve_rng_state())
+                  .cast<std::vector<Tensor>>();
+    watch_grads(ys, observer, call);
+    return ys;
+  }
+
+  // --checkpoint model: the model checkpoints itself; a unit's call in the forward is the forward,
+  // its call during backward (the model's checkpoint recomputing it) is the recompute.
+  std::vector<Tensor> watch_own(const SiteFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& o) {
+    auto observer = o.observer();
+    auto& stack = pending_[o.name()];
+    const bool recompute = in_backward() && !stack.empty();
+    const CheckpointCall call = recompute ? stack.back() : CheckpointCall{o.name(), next_call_id()};
+    if (recompute) stack.pop_back();
+    if (!recompute) stack.push_back(call);
+    if (observer) recompute ? observer->recompute_begin(call, inputs, {}) : observer->forward_begin(call, inputs);
+    auto ys = fn(inputs);
+    if (observer) recompute ? observer->recompute_end(call, ys) : observer->forward_end(call, inputs, ys);
+    watch_grads(ys, observer, call);
+    return ys;
+  }
+
+  py::object adapter_;
+  std::string checkpoint_;
+  std::string name_;
+  std::vector<std::string> sites_, default_sites_;
+  std::map<std::string, std::string> kinds_;
+  torch::Device device_ = torch::kCPU;
+  std::map<int64_t, py::object> snapshots_;
+  int64_t next_snapshot_ = 1;
+  std::map<std::string, std::vector<CheckpointCall>> pending_;  // --checkpoint model
+};
+
+std::unique_ptr<Model> load(const cli::ModelArgs& args) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::dict inputs;
+    inputs["shape"] = args.input_shape;
+    inputs["dtype"] = args.input_dtype;
+    inputs["range"] = args.input_range;
+    inputs["file"] = args.input_file;
+    auto adapter = py::module_::import("ckcheck._model")
+                       .attr("load")(args.model, args.seed, inputs, args.checkpoint, args.mode);
+    return std::make_unique<PythonModel>(adapter, args.checkpoint);
+  } catch (py::error_already_set& e) {
+    throw UsageError(fmt::format("--model {}: {}", args.model, one_line(e)));
+  }
+}
+
+int cli_main(const std::vector<std::string>& args) {
+  cli::set_python_model_loader(load);
+  py::gil_scoped_release released;
+  return cli::run_cli(args);
+}
+
+}  // namespace
+}  // namespace ckcheck::python
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "ckcheck's C++ core: the runner, checks and reports, for eager PyTorch models";
+  m.def("cli_main", &ckcheck::python::cli_main, py::arg("argv"),
+        "Runs `ckcheck ARGV...` in this process (Python models allowed); returns the exit status.");
+}

@@ -202,6 +202,9 @@ std::optional<OpDiff> op_diff(Runner& runner, const Plan& plan, const Unit& unit
   std::vector<const OpRecord*> fwd, rec_ops;
   for (const auto& op : rec.ops) {
     if (op.call != call || call < 0) continue;
+    // A checkpoint's own bookkeeping (PyTorch's detaches its inputs for the recompute) changes
+    // no value: it is not the model's computation.
+    if (op.name == "aten::detach" || op.name == "detach") continue;
     if (op.phase == Phase::kForward) fwd.push_back(&op);
     if (op.phase == Phase::kRecompute) rec_ops.push_back(&op);
   }

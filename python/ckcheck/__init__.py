@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 
 import torch  # noqa: F401  (LibTorch first: ckcheck._core links against it)
@@ -35,16 +36,24 @@ def main(argv) -> int:
     return _core.cli_main([str(a) for a in argv])
 
 
-def _capture_stderr(fn):
-    """Runs fn() with file descriptor 2 going to a temporary file; returns (result, text)."""
+def _captured(fn):
+    """Runs fn() with file descriptors 1 and 2 going to a temporary file (the report goes to the
+    caller as a dict, not to the terminal); returns (result, what was written)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     with tempfile.TemporaryFile(mode="w+b") as tmp:
-        saved = os.dup(2)
+        saved = [os.dup(1), os.dup(2)]
         try:
+            os.dup2(tmp.fileno(), 1)
             os.dup2(tmp.fileno(), 2)
             result = fn()
         finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
         tmp.seek(0)
         return result, tmp.read().decode(errors="replace")
 
@@ -93,12 +102,12 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="ckcheck
             argv.append("--no-preserve-rng")
         argv += [str(a) for a in args]
         try:
-            status, errors = _capture_stderr(lambda: main(argv))
+            status, errors = _captured(lambda: main(argv))
         finally:
             _registry.remove(spec)
         if status == 2 or not os.path.exists(json_path):
-            lines = [l for l in errors.splitlines() if l.strip()]
-            message = lines[-1] if lines else f"ckcheck exited with status {status}"
+            lines = [l for l in errors.splitlines() if l.startswith("ckcheck: error: ")]
+            message = lines[-1] if lines else f"ckcheck exited with status {status}: {errors.strip()[-300:]}"
             raise UsageError(message.removeprefix("ckcheck: error: "))
         with open(json_path) as f:
             report = json.load(f)

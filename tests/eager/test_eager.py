@@ -206,3 +206,55 @@ def test_a_site_never_called_is_refused(ckcheck):
 def test_checkpoint_modes_other_than_ckcheck_need_a_python_model(ckcheck):
     r = ckcheck("run", "--model", "mlp", "--checkpoint", "torch")
     assert r.code == 2 and "Python models" in r.err
+
+
+# ---- diagnose and bench on Python models -------------------------------------------------------
+@pytest.mark.parametrize("mode", ["ckcheck", "torch", "torch-reentrant"])
+def test_diagnose_finds_the_first_divergent_op_of_a_python_model(ckcheck, mode):
+    r = ckcheck("diagnose", "--model", fixture("twins.py:faulty_nondeterministic_op"), "--checkpoint", mode)
+    assert r.code == 1, r.out + r.err
+    assert "blocks.1  non-deterministic" in r.out
+    assert "first divergent op: aten::add (op" in r.out and "of blocks.1): values differ" in r.out
+
+
+def test_diagnose_of_a_correct_python_model_blames_no_site(ckcheck):
+    r = ckcheck("diagnose", "--model", fixture("twins.py:mlp"), "--checkpoint", "torch")
+    assert r.code == 0, r.out + r.err
+    assert "first divergent op" not in r.out
+
+
+def test_bench_measures_a_python_model_under_each_policy(ckcheck):
+    r = ckcheck("bench", "--model", fixture("twins.py:transformer"), "--policies", "none,every:1",
+                "--steps", "2", "--warmup", "1")
+    assert r.code == 0, r.out + r.err
+    peaks = {p["policy"]: p["peak_bytes"] for p in r.report["policies"]}
+    assert set(peaks) == {"none", "every:1"}
+    assert peaks["every:1"] < peaks["none"]  # checkpointing the blocks keeps less
+
+
+def test_run_writes_nothing_to_the_terminal(capfd):
+    model, x = _twin("mlp")
+    ckcheck.run(model, (x,))
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_the_package_installs_with_one_pip_command(tmp_path):
+    """pip install --no-build-isolation ./python, into a folder, then used from elsewhere."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, ckcheck_bin
+
+    env = dict(os.environ, CKCHECK_BUILD_DIR=os.path.dirname(os.path.abspath(ckcheck_bin())))
+    env.pop("PYTHONPATH", None)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(target), os.path.join(ROOT, "python")],
+                   check=True, env=env, capture_output=True, timeout=900)
+    code = ("import ckcheck, torch; m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)); "
+            "print(ckcheck.__file__); print(ckcheck.run(m, torch.randn(2, 4))['verdict'])")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=str(target)), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, check=True).stdout.split()
+    assert out[0].startswith(str(target)) and out[1] == "pass"

@@ -19,7 +19,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODELS = [  # (factory, what it is, the modes that apply)
     ("tiny_gpt2.py:make_model", "GPT-2, 2 layers, dropout, mask, labels (transformers)", None),
     ("lora_gpt2.py:make_model", "PEFT LoRA on a frozen GPT-2", None),
-    ("inplace_after_forward.py:make_model", "a block input changed in place after the forward", None),
+    ("inplace_after_forward.py:make_model", "a block input changed in place after the forward",
+     ("ckcheck", "torch", "torch-reentrant")),
     ("vision.py:timm_vit", "timm ViT-Tiny, 4 blocks, dropout", None),
     ("vision.py:timm_convnext", "timm ConvNeXt-Atto, drop-path", None),
     ("vision.py:resnet18", "torchvision ResNet-18 (BatchNorm)", ("ckcheck", "torch", "torch-reentrant")),

@@ -37,6 +37,8 @@ const char* cause_name(Cause cause) {
       return "grad-api";
     case Cause::kUnexplained:
       return "unexplained";
+    case Cause::kAccumulationOrder:
+      return "accumulation-order";
   }
   return "";
 }
@@ -46,7 +48,7 @@ const std::vector<Cause>& all_causes() {
       Cause::kRng,      Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
       Cause::kStateful, Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
       Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
-      Cause::kGradApi,  Cause::kUnexplained};
+      Cause::kGradApi,  Cause::kUnexplained, Cause::kAccumulationOrder};
   return causes;
 }
 
@@ -102,6 +104,10 @@ std::string fix_hint(Cause cause) {
     case Cause::kUnexplained:
       return "run `ckcheck diagnose` with the same options to find the first op whose recompute differs, and keep "
              "that site's activations (exclude it from checkpointing) until the cause is fixed";
+    case Cause::kAccumulationOrder:
+      return "rounding, not a wrong gradient: a reentrant checkpoint sums the gradient of a tensor used by several "
+             "checkpointed calls in another order; compare with a tolerance (--tolerance rtol=1e-5,atol=1e-7) or use "
+             "a non-reentrant checkpoint (torch.utils.checkpoint with use_reentrant=False) for bitwise equality";
   }
   return "";
 }

@@ -32,6 +32,7 @@ enum class Cause {
   kHookCount,         // hook-count: a gradient hook fires other than once (DDP's ready marking)
   kGradApi,           // grad-api: the step takes autograd::grad or backward(inputs=) through a checkpoint
   kUnexplained,       // unexplained: the recompute differs from the forward and no check found why
+  kAccumulationOrder, // accumulation-order: gradients differ by rounding only, summed in another order
 };
 
 const char* cause_name(Cause cause);

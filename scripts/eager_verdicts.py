@@ -18,6 +18,7 @@ import tempfile
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 MODELS = [  # (factory, what it is, the modes that apply)
     ("tiny_gpt2.py:make_model", "GPT-2, 2 layers, dropout, mask, labels (transformers)", None),
+    ("tiny_t5.py:make_model", "T5, 2+2 layers, shared position bias (transformers)", None),
     ("lora_gpt2.py:make_model", "PEFT LoRA on a frozen GPT-2", None),
     ("inplace_after_forward.py:make_model", "a block input changed in place after the forward",
      ("ckcheck", "torch", "torch-reentrant")),

@@ -39,6 +39,8 @@ const char* cause_name(Cause cause) {
       return "unexplained";
     case Cause::kAccumulationOrder:
       return "accumulation-order";
+    case Cause::kAccumulatedGrad:
+      return "accumulated-grad";
   }
   return "";
 }
@@ -48,7 +50,8 @@ const std::vector<Cause>& all_causes() {
       Cause::kRng,      Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
       Cause::kStateful, Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
       Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
-      Cause::kGradApi,  Cause::kUnexplained, Cause::kAccumulationOrder};
+      Cause::kGradApi,  Cause::kUnexplained, Cause::kAccumulationOrder,
+      Cause::kAccumulatedGrad};
   return causes;
 }
 
@@ -108,6 +111,10 @@ std::string fix_hint(Cause cause) {
       return "rounding, not a wrong gradient: a reentrant checkpoint sums the gradient of a tensor used by several "
              "checkpointed calls in another order; compare with a tolerance (--tolerance rtol=1e-5,atol=1e-7) or use "
              "a non-reentrant checkpoint (torch.utils.checkpoint with use_reentrant=False) for bitwise equality";
+    case Cause::kAccumulatedGrad:
+      return "something in the checkpointed region (a hook, a gradient-release optimisation, a hand-written "
+             "checkpoint) assigns or frees .grad during the recompute: accumulate into .grad, never assign or "
+             "clear it before the optimizer step";
   }
   return "";
 }
@@ -158,6 +165,7 @@ std::vector<std::unique_ptr<Check>> builtin_checks() {
   v.push_back(make_memory_check());
   v.push_back(make_overhead_check());
   v.push_back(make_hooks_check());
+  v.push_back(make_gradient_accumulation_check());
   v.push_back(make_data_parallel_check());
   v.push_back(make_rank_rng_check());
   return v;

@@ -33,6 +33,7 @@ enum class Cause {
   kGradApi,           // grad-api: the step takes autograd::grad or backward(inputs=) through a checkpoint
   kUnexplained,       // unexplained: the recompute differs from the forward and no check found why
   kAccumulationOrder, // accumulation-order: gradients differ by rounding only, summed in another order
+  kAccumulatedGrad,   // accumulated-grad: the checkpointed step changes gradients earlier micro-batches accumulated
 };
 
 const char* cause_name(Cause cause);
@@ -120,5 +121,6 @@ std::unique_ptr<Check> make_overhead_check();
 std::unique_ptr<Check> make_hooks_check();
 std::unique_ptr<Check> make_data_parallel_check();
 std::unique_ptr<Check> make_rank_rng_check();
+std::unique_ptr<Check> make_gradient_accumulation_check();
 
 }  // namespace ckcheck

@@ -106,4 +106,76 @@ std::string owning_unit(const Plan& plan, const std::string& name) {
   return "";
 }
 
+std::map<std::string, int64_t> first_differing_micro_batch(const CheckContext& ctx) {
+  static const std::string marker = " after micro-batch ";
+  std::map<std::string, int64_t> first;
+  if (ctx.config.accumulate < 2) return first;
+  for (const auto& d : ctx.diffs) {
+    if (d.kind != kPartialGradKind || d.equal) continue;
+    const auto at = d.name.rfind(marker);
+    if (at == std::string::npos) continue;
+    const auto param = d.name.substr(0, at);
+    const int64_t micro_batch = std::stoll(d.name.substr(at + marker.size()));
+    auto it = first.find(param);
+    if (it == first.end() || micro_batch < it->second) first[param] = micro_batch;
+  }
+  // Equal after every micro-batch but the last: the sum is the first to differ.
+  for (const auto& d : ctx.diffs) {
+    if (d.kind == "param-grad" && !d.equal && !first.count(d.name)) first[d.name] = ctx.config.accumulate;
+  }
+  return first;
+}
+
+namespace {
+
+// Machine epsilon of a floating-point dtype (0 for others).
+double epsilon_of(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kDouble:
+      return 2.220446049250313e-16;
+    case torch::kFloat:
+      return 1.1920928955078125e-07;
+    case torch::kHalf:
+      return 9.765625e-04;
+    case torch::kBFloat16:
+      return 7.8125e-03;
+    default:
+      return 0.0;
+  }
+}
+
+bool is_gradient(const std::string& kind) {
+  return kind == "param-grad" || kind == "input-grad" || kind == kPartialGradKind;
+}
+
+}  // namespace
+
+bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained) {
+  if (!explained.empty()) return false;
+  size_t recomputed = 0;
+  for (const auto& c : ctx.records.checkpointed.calls) {
+    if (!c.recomputed) continue;
+    ++recomputed;
+    for (const auto& d : c.output_diffs) {
+      if (!d.equal) return false;
+    }
+  }
+  if (recomputed == 0) return false;
+  torch::NoGradGuard no_grad;
+  size_t differing = 0;
+  for (const auto& d : ctx.diffs) {
+    if (d.equal || is_state_kind(d.kind)) continue;
+    ++differing;
+    if (!is_gradient(d.kind) || d.missing != "none" || !d.note.empty() ||
+        d.nonfinite_checkpointed + d.nonfinite_reference > 0) {
+      return false;
+    }
+    const auto* ref = ctx.records.reference.find(d.name, d.kind, d.step);
+    if (!ref || !ref->value.defined()) return false;
+    const double scale = ref->value.abs().max().item<double>();
+    if (!(d.max_abs <= kReassociationEps * epsilon_of(ref->value) * scale)) return false;
+  }
+  return differing > 0;
+}
+
 }  // namespace ckcheck

@@ -2,6 +2,7 @@
 // symptom checks (gradients, buffers) use it to name the cause of what they see.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,22 @@ bool recompute_differs(const CallEvidence& call);
 
 /// For every checkpointed unit whose evidence shows a hazard, its cause, in plan order.
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx);
+
+/// Under gradient accumulation: for each parameter whose summed gradient differs, the first
+/// micro-batch after which its accumulated gradient differs (from the kPartialGradKind records;
+/// the number of micro-batches when only the sum does). Empty without accumulation.
+std::map<std::string, int64_t> first_differing_micro_batch(const CheckContext& ctx);
+
+/// How many epsilons of a gradient's largest value a different summation order may move it.
+constexpr double kReassociationEps = 1024.0;
+
+/// True when checkpointing changed only the order in which gradients were summed: no site-level
+/// evidence, every recompute reproduced its forward bitwise, the loss and outputs are equal, and
+/// every differing tensor (state aside) is a gradient within kReassociationEps epsilons of its
+/// largest value. The backward then computed the same contributions and added them in another
+/// order: a reentrant checkpoint runs a separate backward per checkpointed call, and under
+/// gradient accumulation adds each call's part to .grad on its own.
+bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained);
 
 /// The checkpointed unit a tensor belongs to ("blocks.1.bn1.running_mean" -> "blocks.1"), or "".
 std::string owning_unit(const Plan& plan, const std::string& tensor_name);

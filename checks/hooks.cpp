@@ -37,7 +37,7 @@ class HooksCheck : public Check {
       ++counted;
       int64_t expected = 1;
       for (const auto& p : plain) {
-        if (p.name == h.name && p.step == h.step) expected = p.fires;
+        if (p.name == h.name && p.step == h.step && p.micro_batch == h.micro_batch) expected = p.fires;
       }
       if (h.fires == expected) continue;
       Finding f;

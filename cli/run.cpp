@@ -51,6 +51,7 @@ RunConfig run_config(const RunOptions& o) {
   c.restore_buffers = o.restore_buffers;
   c.recompute_fp32 = o.recompute_fp32;
   c.lr = o.lr;
+  c.accumulate = o.accumulate;
   return c;
 }
 
@@ -90,6 +91,12 @@ void setup_run(CLI::App& app, int& exit_code) {
   sub->add_option("--max-overhead", o->max_overhead, "with --bench: the most step time checkpointing may add (0.5 = +50%)")
       ->capture_default_str()
       ->check(finite_number(0, 1e6, /*lo_open=*/true));
+  sub->add_option("--accumulate", o->accumulate,
+                  "gradient accumulation: N micro-batches per step (inputs of seeds SEED..SEED+N-1), each with its "
+                  "forward and backward, gradients summed; adds the gradient-accumulation check (the sums equal, "
+                  "bitwise, and every gradient hook fires once per micro-batch)")
+      ->capture_default_str()
+      ->check(whole_number(1, 64));
   sub->callback([o, &exit_code] { exit_code = run_run(*o); });
 }
 
@@ -109,8 +116,95 @@ std::string run_command_line(const RunOptions& o) {
   if (o.world_size > 1) s += fmt::format(" --world-size {}", o.world_size);
   if (o.timeout != 300) s += fmt::format(" --timeout {}", o.timeout);
   if (o.max_overhead != 0.5) s += fmt::format(" --max-overhead {}", o.max_overhead);
+  if (o.accumulate != 1) s += fmt::format(" --accumulate {}", o.accumulate);
   return s;
 }
+
+namespace {
+
+// Starts the ranks of a data-parallel run from this process, after the checks that need no rank.
+int launch(const RunOptions& o, Model& model, const RunConfig& config) {
+  if (o.diagnose || o.bench) throw UsageError("--diagnose and --bench run in one process; drop --world-size for them");
+  const auto inputs = model.make_inputs(o.model.seed);
+  if (!inputs.empty() && inputs[0].dim() > 0 && inputs[0].size(0) % o.world_size != 0) {
+    throw UsageError(fmt::format("the batch ({} rows) does not split evenly over --world-size {}; choose a "
+                                 "batch that is a multiple of it",
+                                 inputs[0].size(0), o.world_size));
+  }
+  if (config.device.is_cuda() && o.world_size > static_cast<int>(torch::cuda::device_count())) {
+    throw UsageError(fmt::format("NCCL needs a GPU per rank: this machine has {} for --world-size {}",
+                                 torch::cuda::device_count(), o.world_size));
+  }
+  return launch_ranks(o.world_size, o.timeout);
+}
+
+// This process as one rank: joins the process group; the step's data parallelism goes through it.
+std::unique_ptr<Collective> join(const RankEnvironment& env, const RunOptions& o, RunConfig& config) {
+  // A peer that dies closes its sockets: let writes to them fail as errors, not kill this rank.
+  signal(SIGPIPE, SIG_IGN);
+  guard_rank(env.rank, env.world_size, o.timeout);
+  if (config.device.is_cuda()) config.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  return mark_waits(join_process_group(env.rank, env.world_size, env.master_addr, env.master_port, config.device, o.timeout));
+}
+
+// What every rank saw, gathered on rank 0 through the store before the checks run.
+void gather_ranks(Collective* collective, RunRecords& records) {
+  if (!collective) return;
+  RunRecords::Rank mine;
+  mine.rank = collective->rank();
+  mine.rng_start = records.checkpointed.rng_start;
+  mine.error = records.checkpointed.error;
+  for (const auto& c : records.checkpointed.calls) {
+    mine.draws = mine.draws || c.rng_consumed;
+    bool differs = false;
+    for (const auto& d : c.output_diffs) differs = differs || !d.equal;
+    if (c.rng_consumed && differs) mine.replayed = false;
+  }
+  auto to_json = [](const RunRecords::Rank& k) {
+    return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},
+                          {"replayed", k.replayed}, {"error", k.error}}.dump();
+  };
+  if (mine.rank != 0) {
+    collective->set(fmt::format("ckcheck/rank/{}", mine.rank), to_json(mine));
+    return;
+  }
+  records.ranks.push_back(mine);
+  for (int r = 1; r < collective->world_size(); ++r) {
+    const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}", r)));
+    records.ranks.push_back({j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
+                             j.at("replayed").get<bool>(), j.at("error").get<std::string>()});
+  }
+}
+
+// The report's config: every option, defaults included.
+nlohmann::json config_json(const RunOptions& o, const Plan& plan, const RunConfig& config, const Tolerance& tolerance,
+                           const Collective* collective, const std::vector<std::unique_ptr<Check>>& checks) {
+  std::vector<std::string> ids;
+  for (const auto& c : checks) ids.push_back(c->id());
+  return {{"policy", plan.policy.text()},
+          {"sites", split_list(o.model.sites)},
+          {"seed", o.model.seed},
+          {"steps", o.model.steps},
+          {"lr", o.lr},
+          {"device", config.device.str()},
+          {"amp", amp_name(config.amp)},
+          {"tolerance", tolerance.text()},
+          {"checkpoint", o.model.checkpoint},
+          {"preserve_rng_state", config.preserve_rng_state},
+          {"restore_autocast", config.restore_autocast},
+          {"check_input_versions", config.check_input_versions},
+          {"restore_buffers", config.restore_buffers},
+          {"recompute_fp32", config.recompute_fp32},
+          {"amp_error_factor", o.amp_error_factor},
+          {"max_overhead", o.max_overhead},
+          {"bench", o.bench},
+          {"accumulate", o.accumulate},
+          {"world_size", collective ? collective->world_size() : 1},
+          {"backend", collective ? collective->backend() : "none"},
+          {"checks", ids}};
+}
+
+}  // namespace
 
 int run_run(const RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -122,74 +216,28 @@ int run_run(const RunOptions& o) {
   auto model = build_model(o.model, env ? env->world_size : o.world_size);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   auto config = run_config(o);
-
-  if (!env && o.world_size > 1) {
-    if (o.diagnose || o.bench) throw UsageError("--diagnose and --bench run in one process; drop --world-size for them");
-    const auto inputs = model->make_inputs(o.model.seed);
-    if (!inputs.empty() && inputs[0].dim() > 0 && inputs[0].size(0) % o.world_size != 0) {
-      throw UsageError(fmt::format("the batch ({} rows) does not split evenly over --world-size {}; choose a "
-                                   "batch that is a multiple of it",
-                                   inputs[0].size(0), o.world_size));
-    }
-    if (config.device.is_cuda() && o.world_size > static_cast<int>(torch::cuda::device_count())) {
-      throw UsageError(fmt::format("NCCL needs a GPU per rank: this machine has {} for --world-size {}",
-                                   torch::cuda::device_count(), o.world_size));
-    }
-    return launch_ranks(o.world_size, o.timeout);
+  if (o.accumulate > 1 && (o.world_size > 1 || env)) {
+    throw UsageError("--accumulate runs in one process; drop --world-size (or torchrun) for it");
   }
+  // Gradient accumulation adds its own check to those run by default.
+  if (o.accumulate > 1 && o.checks.empty()) checks.push_back(make_gradient_accumulation_check());
+  if (!env && o.world_size > 1) return launch(o, *model, config);
   std::unique_ptr<Collective> collective;
   std::unique_ptr<DataParallel> dp;
   if (env && env->world_size > 1) {
-    // A peer that dies closes its sockets: let writes to them fail as errors, not kill this rank.
-    signal(SIGPIPE, SIG_IGN);
-    guard_rank(env->rank, env->world_size, o.timeout);
-    if (config.device.is_cuda()) config.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env->local_rank));
-    collective = mark_waits(
-        join_process_group(env->rank, env->world_size, env->master_addr, env->master_port, config.device, o.timeout));
+    collective = join(*env, o, config);
     dp = std::make_unique<DataParallel>(*collective);
     config.data_parallel = dp.get();
   }
-  // What every rank saw, gathered on rank 0 through the store before the checks run.
-  auto gather = [&](RunRecords& records) {
-    if (!collective) return;
-    RunRecords::Rank mine;
-    mine.rank = collective->rank();
-    mine.rng_start = records.checkpointed.rng_start;
-    mine.error = records.checkpointed.error;
-    for (const auto& c : records.checkpointed.calls) {
-      mine.draws = mine.draws || c.rng_consumed;
-      bool differs = false;
-      for (const auto& d : c.output_diffs) differs = differs || !d.equal;
-      if (c.rng_consumed && differs) mine.replayed = false;
-    }
-    auto to_json = [](const RunRecords::Rank& k) {
-      return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},
-                            {"replayed", k.replayed}, {"error", k.error}}.dump();
-    };
-    if (mine.rank != 0) {
-      collective->set(fmt::format("ckcheck/rank/{}", mine.rank), to_json(mine));
-      return;
-    }
-    records.ranks.push_back(mine);
-    for (int r = 1; r < collective->world_size(); ++r) {
-      const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}", r)));
-      records.ranks.push_back({j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
-                               j.at("replayed").get<bool>(), j.at("error").get<std::string>()});
-    }
-  };
-
   Runner runner(*model, config);
-  const auto outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor, o.max_overhead, gather);
-  if (collective && collective->rank() != 0) {
-    // Only rank 0 reports; the others are done once they have said what they saw.
-    if (!outcome.records.reference.error.empty()) throw UsageError("the model fails without checkpointing: " + outcome.records.reference.error);
-    return 0;
-  }
+  const auto outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor, o.max_overhead,
+                                  [&](RunRecords& records) { gather_ranks(collective.get(), records); });
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);
   }
-
+  // Only rank 0 reports; the others are done once they have said what they saw.
+  if (collective && collective->rank() != 0) return 0;
   Report report;
   report.command = "run";
   report.model = model_info(*model, plan);
@@ -197,29 +245,7 @@ int run_run(const RunOptions& o) {
   report.tensors = outcome.diffs;
   report.verdict = verdict_of(report.checks);
   report.reproduce = run_command_line(o);
-  report.config = {{"policy", plan.policy.text()},
-                   {"sites", split_list(o.model.sites)},
-                   {"seed", o.model.seed},
-                   {"steps", o.model.steps},
-                   {"lr", o.lr},
-                   {"device", config.device.str()},
-                   {"amp", amp_name(config.amp)},
-                   {"tolerance", tolerance.text()},
-                   {"preserve_rng_state", config.preserve_rng_state},
-                   {"restore_autocast", config.restore_autocast},
-                   {"check_input_versions", config.check_input_versions},
-                   {"restore_buffers", config.restore_buffers},
-                   {"recompute_fp32", config.recompute_fp32},
-                   {"amp_error_factor", o.amp_error_factor},
-                   {"max_overhead", o.max_overhead},
-                   {"bench", o.bench},
-                   {"world_size", collective ? collective->world_size() : 1},
-                   {"backend", collective ? collective->backend() : "none"},
-                   {"checks", [&] {
-                      std::vector<std::string> ids;
-                      for (const auto& c : checks) ids.push_back(c->id());
-                      return ids;
-                    }()}};
+  report.config = config_json(o, plan, runner.config(), tolerance, collective.get(), checks);
   if (o.diagnose && report.verdict != "pass") {
     report.sections["diagnosis"] = diagnosis_json(diagnose(runner, plan, tolerance, outcome));
   }

@@ -27,6 +27,7 @@ struct RunOptions {
   double max_overhead = 0.5;
   int world_size = 1;
   int timeout = 300;
+  int64_t accumulate = 1;  // micro-batches per step (gradient accumulation)
 };
 
 /// Adds the run subcommand; its result goes to `exit_code`.

@@ -378,133 +378,234 @@ Runner::~Runner() {
   }
 }
 
+namespace {
+
+// The model's forward, under the step's autocast state when it has one.
+template <typename Autocast>
+std::vector<Tensor> forward_under(const Autocast& autocast, Model& model, const std::vector<Tensor>& xs,
+                                  SiteRunner& sites) {
+  std::optional<AutocastScope> scope;
+  if (autocast) scope.emplace(*autocast);
+  return model.forward(xs, sites);
+}
+
+// The leaves a step starts from: fresh copies of the inputs, floating-point ones requiring grad.
+std::vector<Tensor> leaf_inputs(const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> xs;
+  for (const auto& x : inputs) {
+    auto leaf = x.detach().clone();
+    if (leaf.is_floating_point()) leaf.requires_grad_(true);
+    xs.push_back(leaf);
+  }
+  return xs;
+}
+
+// The backward's roots and upstream gradients (seeded random tensors, never ones), and the loss
+// they stand for: the projection of every floating-point output on its upstream gradient.
+struct Upstream {
+  std::vector<Tensor> roots, grads;
+  Tensor loss;
+};
+
+Upstream upstream_of(const std::vector<Tensor>& outs, uint64_t seed, int64_t step, DataParallel* dp) {
+  Upstream u;
+  u.loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i].defined() || !outs[i].is_floating_point()) continue;
+    Tensor g;
+    if (dp && outs[i].dim() > 0) {
+      // This rank's rows of the upstream gradient of the whole batch.
+      auto global = outs[i].sizes().vec();
+      global[0] *= dp->world_size();
+      g = dp->shard(upstream_for(torch::empty(global, outs[i].options()), seed, step, i));
+    } else {
+      g = upstream_for(outs[i], seed, step, i);
+    }
+    u.loss = u.loss + (outs[i].detach().to(torch::kDouble) * g.to(torch::kDouble)).sum().cpu();
+    if (outs[i].requires_grad()) {
+      u.roots.push_back(outs[i]);
+      u.grads.push_back(g);
+    }
+  }
+  return u;
+}
+
+// Gradient hooks on the parameters, as data-parallel training registers them: counts the
+// firings, and lets the reducer see each gradient as it is ready. Removed when destroyed.
+class ParameterHooks {
+ public:
+  ParameterHooks(const NamedTensors& params, DataParallel* dp, bool count)
+      : params_(params), fires_(params.size(), 0) {
+    if (!count && !dp) return;
+    if (dp) dp->begin_step(params);
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (!params[k].second.requires_grad()) continue;
+      hooks_.emplace_back(k, params[k].second.register_hook([k, dp, this](const Tensor& g) {
+        ++fires_[k];
+        if (dp) dp->on_ready(k, g);
+      }));
+    }
+  }
+  ~ParameterHooks() {
+    for (const auto& [k, h] : hooks_) params_[k].second.remove_hook(h);
+  }
+  ParameterHooks(const ParameterHooks&) = delete;
+  ParameterHooks& operator=(const ParameterHooks&) = delete;
+
+  void record(StepRecord& record, int64_t step, int64_t micro_batch) const {
+    if (hooks_.empty()) return;
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (params_[k].second.requires_grad()) record.hooks.push_back({params_[k].first, step, fires_[k], micro_batch});
+    }
+  }
+
+ private:
+  const NamedTensors& params_;
+  std::vector<int64_t> fires_;
+  std::vector<std::pair<size_t, unsigned>> hooks_;
+};
+
+Tensor copy_of(const Tensor& t) { return t.defined() ? t.detach().clone() : Tensor(); }
+
+// A micro-batch's part of a record name: "" for the first (and only, without accumulation).
+std::string micro_batch_suffix(int64_t micro_batch) {
+  return micro_batch == 1 ? "" : fmt::format(" (micro-batch {})", micro_batch);
+}
+
+void record_outputs(StepRecord& record, const std::vector<Tensor>& outs, const Tensor& loss, int64_t step,
+                    int64_t micro_batch) {
+  const auto suffix = micro_batch_suffix(micro_batch);
+  record.tensors.push_back({"loss" + suffix, "loss", step, loss});
+  for (size_t i = 0; i < outs.size(); ++i) {
+    record.tensors.push_back({fmt::format("output[{}]{}", i, suffix), "output", step, copy_of(outs[i])});
+  }
+}
+
+// The input gradients of a micro-batch, kept until the step's parameter gradients are recorded.
+void keep_input_grads(std::vector<TensorRecord>& kept, const std::vector<Tensor>& xs, int64_t step, int64_t micro_batch) {
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (!xs[i].requires_grad()) continue;
+    kept.push_back({fmt::format("input[{}]{}", i, micro_batch_suffix(micro_batch)), "input-grad", step, copy_of(xs[i].grad())});
+  }
+}
+
+// Parameter gradients as they stand after a micro-batch that is not the step's last.
+void record_partial_grads(StepRecord& record, const NamedTensors& params, int64_t step, int64_t micro_batch) {
+  for (const auto& [name, p] : params) {
+    record.tensors.push_back({fmt::format("{} after micro-batch {}", name, micro_batch), kPartialGradKind, step, copy_of(p.grad())});
+  }
+}
+
+// Parameter gradients (summed over the micro-batches), input gradients, then the model's state
+// (buffers, attributes, extra state): parameters are covered by their gradients, the rest is what
+// the step changed.
+void record_gradients_and_state(StepRecord& record, Model& model, const NamedTensors& params,
+                                std::vector<TensorRecord>& input_grads, int64_t step) {
+  for (const auto& [name, p] : params) record.tensors.push_back({name, "param-grad", step, copy_of(p.grad())});
+  for (auto& t : input_grads) record.tensors.push_back(std::move(t));
+  input_grads.clear();
+  for (const auto& [name, b] : model.state_tensors()) {
+    record.tensors.push_back({name, model.state_kind_of(name), step, copy_of(b)});
+  }
+}
+
+// The SGD update between steps.
+void sgd_update(const NamedTensors& params, double lr) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    if (p.grad().defined()) p.sub_(p.grad(), lr);
+  }
+}
+
+// Op names, dtypes and autocast state per checkpointed call, from the trace (autocast check).
+void attach_op_evidence(StepRecord& record) {
+  std::map<int64_t, CallEvidence*> by_call;
+  for (auto& c : record.calls) by_call[c.call] = &c;
+  for (const auto& op : record.ops) {
+    auto it = by_call.find(op.call);
+    // Ops the site calls itself (depth 0), not the kernels they call in turn.
+    if (it == by_call.end() || op.depth != 0 || op.phase == Phase::kBackward) continue;
+    auto& e = *it->second;
+    const std::string dtype = op.dtypes.empty() ? "-" : fmt::format("{}", fmt::join(op.dtypes, ","));
+    const bool forward = op.phase == Phase::kForward;
+    (forward ? e.forward_ops : e.recompute_ops).push_back(op.name);
+    (forward ? e.forward_dtypes : e.recompute_dtypes).push_back(dtype);
+    (forward ? e.forward_autocast : e.recompute_autocast).push_back(op.autocast);
+  }
+}
+
+// A run's start: the model's start state, the seeds, and the first micro-batch's inputs. Each
+// rank of a data-parallel run draws its own random stream (its own dropout masks), as training
+// seeded per rank does, and takes its shard of the batch; parameters and the global batch come
+// from the shared seed.
+std::vector<Tensor> start_run(Model& model, const ModelState& start, uint64_t seed, DataParallel* dp,
+                              StepRecord& record) {
+  model.restore(start);
+  seed_all(seed + (dp ? 1000003ull * static_cast<uint64_t>(dp->rank()) : 0));
+  record.rng_start = fingerprint(RngState::capture().cpu);
+  auto inputs = model.make_inputs(seed);
+  if (dp) {
+    for (auto& x : inputs) x = dp->shard(x);
+  }
+  return inputs;
+}
+
+// The checkpoint's protections, from the run's configuration and the step's overrides.
+CheckpointOptions checkpoint_options(const RunConfig& config, const StepOptions& options = {}) {
+  return CheckpointOptions()
+      .preserve_rng_state(config.preserve_rng_state)
+      .restore_autocast(config.restore_autocast)
+      .check_input_versions(options.check_input_versions.value_or(config.check_input_versions))
+      .recompute_fp32(options.recompute_fp32.value_or(config.recompute_fp32));
+}
+
+}  // namespace
+
 StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::string& label) {
   StepRecord record;
   record.label = label;
-  const Amp amp = options.amp.value_or(config_.amp);
-  const auto autocast = autocast_for(amp, config_.device);
-
+  const auto autocast = autocast_for(options.amp.value_or(config_.amp), config_.device);
   std::optional<OpTracer> tracer;
-  if (options.trace != TraceLevel::kNone) {
-    tracer.emplace(options.trace, options.value_budget_bytes, options.value_site);
-  }
+  if (options.trace != TraceLevel::kNone) tracer.emplace(options.trace, options.value_budget_bytes, options.value_site);
   OpTracer* tp = tracer ? &*tracer : nullptr;
   auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_, plan);
-  auto base = CheckpointOptions()
-                  .preserve_rng_state(config_.preserve_rng_state)
-                  .restore_autocast(config_.restore_autocast)
-                  .check_input_versions(options.check_input_versions.value_or(config_.check_input_versions))
-                  .recompute_fp32(options.recompute_fp32.value_or(config_.recompute_fp32));
+  auto base = checkpoint_options(config_, options);
   if (plan && (options.evidence || tp)) base.observer(observer);
   PlanSiteRunner sites(plan, base, model_, config_.restore_buffers, tp);
-
   DataParallel* dp = options.data_parallel ? config_.data_parallel : nullptr;
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    std::optional<at::DisableRecordFunctionGuard> setup(std::in_place);
-    model_.restore(start_);
-    // Each rank draws its own random stream (its own dropout masks), as data-parallel training
-    // seeded per rank does; parameters and the global batch come from the shared seed.
-    seed_all(config_.seed + (dp ? 1000003ull * static_cast<uint64_t>(dp->rank()) : 0));
-    record.rng_start = fingerprint(RngState::capture().cpu);
-    auto inputs = model_.make_inputs(config_.seed);
-    if (dp) {
-      for (auto& x : inputs) x = dp->shard(x);
-    }
+    std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
+    const auto inputs = start_run(model_, start_, config_.seed, dp, record);
     const auto params = model_.named_parameters();
-    setup.reset();
+    std::vector<TensorRecord> input_grads;
     for (int64_t step = 1; step <= config_.steps; ++step) {
       observer->step = step;
-      if (tp) tp->set_phase(Phase::kForward);
       for (const auto& [name, p] : params) p.mutable_grad() = Tensor();
-      std::vector<Tensor> xs;
-      std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
-      for (const auto& x : inputs) {
-        auto leaf = x.detach().clone();
-        if (leaf.is_floating_point()) leaf.requires_grad_(true);
-        xs.push_back(leaf);
-      }
-      quiet.reset();
-      std::vector<Tensor> outs;
-      {
-        std::optional<AutocastScope> scope;
-        if (autocast) scope.emplace(*autocast);
-        outs = model_.forward(xs, sites);
-      }
-      quiet.emplace();
-      std::vector<Tensor> roots, grads;
-      Tensor loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
-      for (size_t i = 0; i < outs.size(); ++i) {
-        if (!outs[i].defined() || !outs[i].is_floating_point()) continue;
-        Tensor g;
-        if (dp && outs[i].dim() > 0) {
-          // This rank's rows of the upstream gradient of the whole batch.
-          auto global = outs[i].sizes().vec();
-          global[0] *= dp->world_size();
-          g = dp->shard(upstream_for(torch::empty(global, outs[i].options()), config_.seed, step, i));
-        } else {
-          g = upstream_for(outs[i], config_.seed, step, i);
+      for (int64_t mb = 1; mb <= config_.accumulate; ++mb) {
+        if (tp) tp->set_phase(Phase::kForward);
+        const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1));
+        quiet.reset();
+        const auto outs = forward_under(autocast, model_, xs, sites);
+        quiet.emplace();
+        // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
+        const auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, dp);
+        record_outputs(record, outs, up.loss, step, mb);
+        if (tp) tp->set_phase(Phase::kBackward);
+        {
+          ParameterHooks hooks(params, dp, options.count_hooks);
+          quiet.reset();
+          if (!up.roots.empty()) torch::autograd::backward(up.roots, up.grads);
+          quiet.emplace();
+          hooks.record(record, step, mb);
         }
-        loss = loss + (outs[i].detach().to(torch::kDouble) * g.to(torch::kDouble)).sum().cpu();
-        if (outs[i].requires_grad()) {
-          roots.push_back(outs[i]);
-          grads.push_back(g);
-        }
+        keep_input_grads(input_grads, xs, step, mb);
+        if (mb < config_.accumulate) record_partial_grads(record, params, step, mb);
       }
-      record.tensors.push_back({"loss", "loss", step, loss});
-      for (size_t i = 0; i < outs.size(); ++i) {
-        record.tensors.push_back({fmt::format("output[{}]", i), "output", step,
-                                  outs[i].defined() ? outs[i].detach().clone() : Tensor()});
-      }
-      if (tp) tp->set_phase(Phase::kBackward);
-      // Gradient hooks, as data-parallel training registers them: count the firings, and let
-      // the reducer see each gradient as it is ready.
-      std::vector<std::pair<size_t, unsigned>> hooks;
-      std::vector<int64_t> fires(params.size(), 0);
-      if (options.count_hooks || dp) {
-        if (dp) dp->begin_step(params);
-        for (size_t k = 0; k < params.size(); ++k) {
-          if (!params[k].second.requires_grad()) continue;
-          hooks.emplace_back(k, params[k].second.register_hook([k, dp, &fires](const Tensor& g) {
-            ++fires[k];
-            if (dp) dp->on_ready(k, g);
-          }));
-        }
-      }
-      quiet.reset();
-      std::exception_ptr backward_error;
-      try {
-        if (!roots.empty()) torch::autograd::backward(roots, grads);
-      } catch (...) {
-        backward_error = std::current_exception();
-      }
-      quiet.emplace();
-      for (const auto& [k, h] : hooks) params[k].second.remove_hook(h);
-      if (backward_error) std::rethrow_exception(backward_error);
       if (dp) dp->end_step(params);
-      for (size_t k = 0; k < params.size() && !hooks.empty(); ++k) {
-        if (params[k].second.requires_grad()) record.hooks.push_back({params[k].first, step, fires[k]});
-      }
       observer->flush();
-      for (const auto& [name, p] : params) {
-        record.tensors.push_back({name, "param-grad", step,
-                                  p.grad().defined() ? p.grad().detach().clone() : Tensor()});
-      }
-      for (size_t i = 0; i < xs.size(); ++i) {
-        if (!xs[i].requires_grad()) continue;
-        record.tensors.push_back({fmt::format("input[{}]", i), "input-grad", step,
-                                  xs[i].grad().defined() ? xs[i].grad().detach().clone() : Tensor()});
-      }
-      // Parameters are covered by their gradients; buffers and extra state are the step's state.
-      for (const auto& [name, b] : model_.state_tensors()) {
-        record.tensors.push_back({name, model_.state_kind_of(name), step, b.defined() ? b.detach().clone() : Tensor()});
-      }
-      if (step < config_.steps) {
-        torch::NoGradGuard no_grad;
-        for (const auto& [name, p] : params) {
-          if (p.grad().defined()) p.sub_(p.grad(), config_.lr);
-        }
-      }
+      record_gradients_and_state(record, model_, params, input_grads, step);
+      if (step < config_.steps) sgd_update(params, config_.lr);
     }
   } catch (const std::exception& e) {
     record.error = message_of(e);
@@ -513,25 +614,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (tp) {
     record.ops = tp->take();
-    // Op names and dtypes per checkpointed call, for the autocast check.
-    std::map<int64_t, CallEvidence*> by_call;
-    for (auto& c : record.calls) by_call[c.call] = &c;
-    for (const auto& op : record.ops) {
-      auto it = by_call.find(op.call);
-      // Ops the site calls itself (depth 0), not the kernels they call in turn.
-      if (it == by_call.end() || op.depth != 0 || op.phase == Phase::kBackward) continue;
-      auto& e = *it->second;
-      const std::string dtype = op.dtypes.empty() ? "-" : fmt::format("{}", fmt::join(op.dtypes, ","));
-      if (op.phase == Phase::kForward) {
-        e.forward_ops.push_back(op.name);
-        e.forward_dtypes.push_back(dtype);
-        e.forward_autocast.push_back(op.autocast);
-      } else {
-        e.recompute_ops.push_back(op.name);
-        e.recompute_dtypes.push_back(dtype);
-        e.recompute_autocast.push_back(op.autocast);
-      }
-    }
+    attach_op_evidence(record);
   }
   for (const auto& [name, p] : model_.named_parameters()) p.mutable_grad() = Tensor();
   return record;
@@ -544,67 +627,66 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
+namespace {
+
+// Gradients live across steps in training: allocated once, zeroed before each step, they belong
+// to the baseline.
+void zero_gradients(const NamedTensors& params, std::vector<Tensor>& xs, bool allocate) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    if (allocate && p.requires_grad()) p.mutable_grad() = torch::zeros_like(p);
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  for (auto& x : xs) {
+    if (x.grad().defined()) x.mutable_grad() = Tensor();
+  }
+}
+
+// Step 1's upstream gradient of each output (undefined for one that is not floating point).
+std::vector<Tensor> upstream_per_output(const std::vector<Tensor>& outs, uint64_t seed) {
+  std::vector<Tensor> upstream;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    upstream.push_back(outs[k].is_floating_point() ? upstream_for(outs[k], seed, 1, k) : Tensor());
+  }
+  return upstream;
+}
+
+// Parameters, their gradients and the inputs: what every step keeps, whatever the policy.
+int64_t baseline_bytes(const NamedTensors& params, const std::vector<Tensor>& xs) {
+  int64_t bytes = 0;
+  auto add = [&bytes](const Tensor& t) { bytes += t.numel() * static_cast<int64_t>(t.element_size()); };
+  for (const auto& [name, p] : params) {
+    add(p);
+    if (p.grad().defined()) add(p.grad());
+  }
+  for (const auto& x : xs) add(x);
+  return bytes;
+}
+
+}  // namespace
+
 Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
   Measurement m;
   auto& meter = MemoryMeter::of(config_.device);
   const auto autocast = autocast_for(config_.amp, config_.device);
-  const auto base = CheckpointOptions()
-                        .preserve_rng_state(config_.preserve_rng_state)
-                        .restore_autocast(config_.restore_autocast)
-                        .check_input_versions(config_.check_input_versions)
-                        .recompute_fp32(config_.recompute_fp32);
-  PlanSiteRunner sites(plan, base, model_, config_.restore_buffers, nullptr);
+  PlanSiteRunner sites(plan, checkpoint_options(config_), model_, config_.restore_buffers, nullptr);
   try {
     model_.restore(start_);
     seed_all(config_.seed);
     const auto params = model_.named_parameters();
-    {
-      // Gradients live across steps in training: they belong to the baseline.
-      torch::NoGradGuard no_grad;
-      for (const auto& [name, p] : params) {
-        if (p.requires_grad()) p.mutable_grad() = torch::zeros_like(p);
-      }
-    }
-    std::vector<Tensor> xs;
-    for (const auto& x : model_.make_inputs(config_.seed)) {
-      auto leaf = x.detach().clone();
-      if (leaf.is_floating_point()) leaf.requires_grad_(true);
-      xs.push_back(leaf);
-    }
-    std::vector<Tensor> upstream;
+    auto xs = leaf_inputs(model_.make_inputs(config_.seed));
+    zero_gradients(params, xs, /*allocate=*/true);
+    m.baseline_bytes = baseline_bytes(params, xs);
+    std::vector<Tensor> upstream;  // per output, the same every step
     for (int64_t i = 0; i < warmup + steps; ++i) {
-      {
-        torch::NoGradGuard no_grad;
-        for (const auto& [name, p] : params) {
-          if (p.grad().defined()) p.mutable_grad().zero_();
-        }
-        for (auto& x : xs) {
-          if (x.grad().defined()) x.mutable_grad() = Tensor();
-        }
-      }
-      if (i == 0) {
-        // Counted from the tensors rather than the meter: parameters may predate the meter.
-        for (const auto& [name, p] : params) {
-          m.baseline_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-          if (p.grad().defined()) m.baseline_bytes += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
-        }
-        for (const auto& x : xs) m.baseline_bytes += x.numel() * static_cast<int64_t>(x.element_size());
-      }
+      zero_gradients(params, xs, /*allocate=*/false);
       meter.reset_peak();
       const int64_t before = meter.current_bytes();
       const double cpu0 = process_cpu_seconds();
       const auto instructions0 = instruction_counter().read();
       std::vector<Tensor> outs;
-      const double forward = time_on_device(config_.device, [&] {
-        std::optional<AutocastScope> scope;
-        if (autocast) scope.emplace(*autocast);
-        outs = model_.forward(xs, sites);
-      });
-      if (upstream.empty()) {
-        for (size_t k = 0; k < outs.size(); ++k) {
-          upstream.push_back(outs[k].is_floating_point() ? upstream_for(outs[k], config_.seed, 1, k) : Tensor());
-        }
-      }
+      const double forward = time_on_device(config_.device, [&] { outs = forward_under(autocast, model_, xs, sites); });
+      if (upstream.empty()) upstream = upstream_per_output(outs, config_.seed);
       std::vector<Tensor> roots, grads;
       for (size_t k = 0; k < outs.size(); ++k) {
         if (outs[k].requires_grad() && upstream[k].defined()) {
@@ -619,13 +701,12 @@ Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
       roots.clear();
       const double cpu = process_cpu_seconds() - cpu0;
       const auto instructions1 = instruction_counter().read();
-      if (i >= warmup) {
-        m.cpu_seconds.push_back(cpu);
-        if (instructions0 && instructions1) m.instructions.push_back(*instructions1 - *instructions0);
-        m.step_seconds.push_back(forward + backward);
-        m.forward_seconds.push_back(forward);
-        m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - before);
-      }
+      if (i < warmup) continue;
+      m.cpu_seconds.push_back(cpu);
+      if (instructions0 && instructions1) m.instructions.push_back(*instructions1 - *instructions0);
+      m.step_seconds.push_back(forward + backward);
+      m.forward_seconds.push_back(forward);
+      m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - before);
     }
   } catch (const c10::OutOfMemoryError& e) {
     m.fits = false;
@@ -786,9 +867,7 @@ std::vector<UnitProbe> Runner::probe(const Plan& plan) {
     const auto inputs = model_.make_inputs(config_.seed);
     torch::NoGradGuard no_grad;  // as the checkpoint's own forward runs
     ProbeSiteRunner sites(plan, model_, out, 1);
-    std::optional<AutocastScope> scope;
-    if (autocast) scope.emplace(*autocast);
-    model_.forward(inputs, sites);
+    forward_under(autocast, model_, inputs, sites);
   } catch (const std::exception& e) {
     UnitProbe p;
     p.site = "(forward)";

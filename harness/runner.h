@@ -39,6 +39,9 @@ struct RunConfig {
   bool check_input_versions = true;
   bool recompute_fp32 = false;
   bool restore_buffers = false;  // restore each checkpointed site's buffers after its recompute
+  /// Gradient accumulation: each step runs this many micro-batches (inputs of seeds seed,
+  /// seed+1, ...), each with its forward and backward, their gradients summed before the update.
+  int64_t accumulate = 1;
   /// Data-parallel training: each rank runs its shard of the global batch with its own RNG
   /// stream, and gradients are averaged over the ranks in buckets filled by hooks. Not owned.
   DataParallel* data_parallel = nullptr;
@@ -78,7 +81,12 @@ struct HookCount {
   std::string name;
   int64_t step = 1;
   int64_t fires = 0;
+  int64_t micro_batch = 1;  // under gradient accumulation, the micro-batch of the step
 };
+
+/// The record kind of a parameter's gradient as it stands after each micro-batch but the last
+/// (under gradient accumulation), named "NAME after micro-batch K".
+constexpr const char* kPartialGradKind = "param-grad-partial";
 
 struct StepRecord {
   std::string label;  // reference, checkpointed, ...

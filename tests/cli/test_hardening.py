@@ -142,6 +142,14 @@ for v in ["0", "-1", "86401", "abc", ""]:
     row(base + ["--timeout", v], r"--timeout.*" + WHOLE)
 for v in ["0", "-1", "nan", "inf", "abc"]:
     row(base + ["--bench", "--max-overhead", v], r"--max-overhead.*" + NUMBER)
+for v in ["0", "-1", "65", "abc", "", "1.5"]:
+    row(base + ["--accumulate", v], r"--accumulate.*" + WHOLE)
+row(base + ["--accumulate", "2", "--world-size", "2"], r"--accumulate runs in one process")
+for v in ["", "Torch", "reentrant", "torch,model"]:
+    row(base + ["--checkpoint", v], r"--checkpoint")
+row(base + ["--checkpoint", "torch"], r"--checkpoint torch applies to Python models")
+for v in ["nofile.py", "nofile.py:make_model", "no_such_pkg_xyz.mod:make_model"]:
+    row(["run", "--model", v], r"no Python file|importing no_such_pkg_xyz.mod failed")
 row(base + ["--world-size", "2", "--diagnose"], r"--diagnose and --bench run in one process")
 row(base + ["--world-size", "2", "--bench"], r"--diagnose and --bench run in one process")
 row(["run", "--model", "faulty/rank-fault", "--fault-rank", "9", "--world-size", "2"], r"--fault-rank 9 is not a rank of this run: --world-size 2 has ranks 0 to 1")

@@ -1,0 +1,124 @@
+// gradient-accumulation: under gradient accumulation (--accumulate N: N micro-batches per step,
+// each with its forward and backward, their gradients summed before the update) the checkpointed
+// step's summed gradients equal those of N plain micro-batches, bitwise, and every parameter's
+// gradient hook fires once per micro-batch, as under the plain step (data-parallel training
+// marks a parameter ready in that hook on the last micro-batch, after no_sync on the others).
+//
+// The evidence that names the cause: each parameter's gradient as it stands after every
+// micro-batch but the last. When the first micro-batch's gradients agree and a later one's do not,
+// the checkpointed step changed the gradients accumulated before it (a hook, a gradient-release
+// optimisation or a hand-written checkpoint that assigns or frees .grad): cause accumulated-grad.
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+void add_gradient_findings(const CheckContext& ctx, CheckResult& r) {
+  const auto partial = first_differing_micro_batch(ctx);
+  const auto explained = explain_sites(ctx);
+  const bool rounding = rounding_only(ctx, explained);
+  for (const auto& d : ctx.diffs) {
+    if (d.kind != "param-grad" || d.equal) continue;
+    const int64_t at = partial.at(d.name);  // the micro-batch after which it first differs
+    Finding f;
+    f.site = owning_unit(ctx.plan, d.name);
+    f.tensor = d.name;
+    f.details = {{"sum", diff_json(d)}, {"first_micro_batch_differing", at}};
+    if (rounding) {
+      // Each checkpointed call's part added to .grad on its own: the same sum in another order.
+      f.cause = Cause::kAccumulationOrder;
+      f.message = fmt::format("the gradient of {} summed over {} micro-batches differs by rounding only (max abs "
+                              "{:.3g}, within {} epsilons of its largest value): the same contributions added in "
+                              "another order",
+                              d.name, ctx.config.accumulate, d.max_abs, kReassociationEps);
+    } else if (at > 1) {
+      // Equal after the first micro-batch, different later: the step changed what was accumulated.
+      f.cause = Cause::kAccumulatedGrad;
+      f.message = fmt::format(
+          "the gradient of {} summed over {} micro-batches differs from the plain micro-batches' (max abs {:.3g}): "
+          "equal after micro-batch 1, it first differs after micro-batch {}, so the checkpointed step changed "
+          "the gradient accumulated before it",
+          d.name, ctx.config.accumulate, d.max_abs, at);
+    } else {
+      f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
+      if (!explained.empty()) f.site = explained.front().site;
+      f.message = fmt::format("the gradient of {} differs already after the first micro-batch (max abs {:.3g}), as "
+                              "it would without accumulation: see the gradients check",
+                              d.name, d.max_abs);
+    }
+    add_finding(r, f);
+  }
+}
+
+void add_hook_findings(const CheckContext& ctx, CheckResult& r) {
+  for (const auto& h : ctx.records.checkpointed.hooks) {
+    int64_t plain = 1;
+    for (const auto& p : ctx.records.reference.hooks) {
+      if (p.name == h.name && p.step == h.step && p.micro_batch == h.micro_batch) plain = p.fires;
+    }
+    if (h.fires == plain) continue;
+    Finding f;
+    f.cause = Cause::kHookCount;
+    f.site = owning_unit(ctx.plan, h.name);
+    f.tensor = h.name;
+    f.details = {{"fires", h.fires}, {"plain_fires", plain}, {"micro_batch", h.micro_batch}, {"step", h.step}};
+    f.message = fmt::format("the gradient hook of {} fires {} times in micro-batch {} under checkpointing ({} plain)",
+                            h.name, h.fires, h.micro_batch, plain);
+    add_finding(r, f);
+  }
+}
+
+class GradientAccumulationCheck : public Check {
+ public:
+  std::string id() const override { return "gradient-accumulation"; }
+  std::string description() const override {
+    return "with --accumulate N: N checkpointed micro-batches sum to the gradients of N plain ones, bitwise, "
+           "and every gradient hook fires once per micro-batch";
+  }
+  Needs needs() const override {
+    Needs n;
+    n.hooks = true;
+    return n;
+  }
+  bool by_default() const override { return false; }  // run asks for it with --accumulate
+
+  CheckResult run(const CheckContext& ctx) const override {
+    CheckResult r;
+    r.id = id();
+    if (ctx.config.accumulate < 2) {
+      r.status = Status::kSkip;
+      r.summary = "one micro-batch per step (--accumulate N runs N)";
+      return r;
+    }
+    if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);
+    if (!ctx.records.checkpointed.error.empty()) {
+      return checkpointed_failed(id(), ctx, "the checkpointed step failed: ", "the checkpointed step failed");
+    }
+    add_gradient_findings(ctx, r);
+    add_hook_findings(ctx, r);
+    r.details["micro_batches"] = ctx.config.accumulate;
+    const bool only_rounding = std::all_of(r.findings.begin(), r.findings.end(),
+                                           [](const Finding& f) { return f.cause == Cause::kAccumulationOrder; });
+    if (!r.findings.empty() && only_rounding) {
+      r.status = Status::kWarn;
+      r.summary = fmt::format("{} micro-batches: summed gradients differ by rounding only, every hook once per "
+                              "micro-batch", ctx.config.accumulate);
+      return r;
+    }
+    if (!r.findings.empty()) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} over {} micro-batches", count_of(r.findings.size(), "difference"), ctx.config.accumulate);
+      return r;
+    }
+    r.summary = fmt::format("{} micro-batches: summed gradients equal bitwise, every hook once per micro-batch",
+                            ctx.config.accumulate);
+    return r;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Check> make_gradient_accumulation_check() { return std::make_unique<GradientAccumulationCheck>(); }
+
+}  // namespace ckcheck

@@ -17,8 +17,10 @@ class ConsoleReporter : public Reporter {
 
   void write(const Report& r, std::ostream& out) override {
     out << header(r) << "\n";
+    size_t width = 15;  // the ids line up, the longest one included
+    for (const auto& c : r.checks) width = std::max(width, c.id.size());
     for (const auto& c : r.checks) {
-      out << fmt::format("  {}  {:<15} {}\n", status(c.status), c.id, c.summary);
+      out << fmt::format("  {}  {:<{}} {}\n", status(c.status), c.id, width, c.summary);
       for (const auto& f : c.findings) {
         out << fmt::format("        {}{}{}: {}\n", f.site.empty() ? "" : f.site + " ",
                            f.tensor.empty() ? "" : "(" + f.tensor + ") ", cause_name(f.cause), f.message);

@@ -9,7 +9,7 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
-#include "harness/checkpoint.h"
+#include "ckcheck/checkpoint.h"
 
 namespace {
 

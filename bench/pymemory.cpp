@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "fixtures/registry.h"
-#include "harness/memory.h"
-#include "harness/plan.h"
-#include "harness/runner.h"
+#include "harness/runner/plan.h"
+#include "harness/runner/runner.h"
+#include "harness/support/memory.h"
 
 namespace {
 

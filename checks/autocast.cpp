@@ -20,6 +20,106 @@ double relative_error(const torch::Tensor& g, const torch::Tensor& g32) {
   return denom > 0 ? num / denom : num;
 }
 
+// Op i of a checkpointed call ran in another dtype or under another autocast state.
+Finding dtype_finding(const CallEvidence& c, size_t i) {
+  auto at = [](const std::vector<std::string>& v, size_t k) { return k < v.size() ? v[k] : std::string("(none)"); };
+  Finding f;
+  f.cause = Cause::kAutocast;
+  f.site = c.site;
+  f.tensor = at(c.forward_ops, i);
+  f.details = {{"op_index", i},
+               {"forward_op", at(c.forward_ops, i)},
+               {"forward_dtype", at(c.forward_dtypes, i)},
+               {"forward_autocast", at(c.forward_autocast, i)},
+               {"recompute_op", at(c.recompute_ops, i)},
+               {"recompute_dtype", at(c.recompute_dtypes, i)},
+               {"recompute_autocast", at(c.recompute_autocast, i)},
+               {"forward_ops", c.forward_ops.size()},
+               {"recompute_ops", c.recompute_ops.size()}};
+  auto ran = [&](const std::vector<std::string>& ops, const std::vector<std::string>& dtypes,
+                 const std::vector<std::string>& autocast, bool failed) {
+    const auto dtype = at(dtypes, i);
+    return fmt::format("{} under autocast {} {}", at(ops, i), at(autocast, i),
+                       dtype == "-" && failed ? "and threw" : "giving " + dtype);
+  };
+  f.message = fmt::format("op {} of the site ran as {} in the forward, but as {} in the recompute", i,
+                          ran(c.forward_ops, c.forward_dtypes, c.forward_autocast, false),
+                          ran(c.recompute_ops, c.recompute_dtypes, c.recompute_autocast,
+                              c.recompute_failed && i + 1 == c.recompute_dtypes.size()));
+  return f;
+}
+
+// The worst relative gradient error against the fp32 step, of each of the three AMP steps.
+struct PrecisionStudy {
+  double worst_plain = 0, worst_ckpt = 0, worst_fix = 0;
+  bool worse = false;  // checkpointed AMP beyond the bound for some parameter
+};
+
+// A finding where checkpointed AMP is further from fp32 than plain AMP allows.
+Finding precision_finding(const CheckContext& ctx, const std::string& param, double e_ckpt, double e_plain,
+                          const nlohmann::json& row) {
+  Finding f;
+  f.cause = Cause::kAutocast;
+  f.site = owning_unit(ctx.plan, param);
+  f.tensor = param;
+  f.details = row;
+  f.message = fmt::format(
+      "checkpointed AMP puts the gradient of {} {:.3g} (relative) from the fp32 step, "
+      "{:.1f}x plain AMP's {:.3g} (bound: {:g}x)",
+      param, e_ckpt, e_plain > 0 ? e_ckpt / e_plain : INFINITY, e_plain, ctx.amp_error_factor);
+  f.hint = "keep the recompute in the forward's precision (restore autocast); compare "
+           "with the fp32-recompute column before adopting it";
+  return f;
+}
+
+PrecisionStudy study_precision(const CheckContext& ctx, CheckResult& r) {
+  PrecisionStudy study;
+  const auto& fp32 = ctx.records.fp32_reference;
+  const auto& fix = ctx.records.fp32_recompute;
+  if (!fp32 || !fix || !fp32->error.empty() || !ctx.records.reference.error.empty() ||
+      !ctx.records.checkpointed.error.empty()) {
+    return study;
+  }
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& t : fp32->tensors) {
+    if (t.kind != "param-grad") continue;
+    const auto* plain = ctx.records.reference.find(t.name, t.kind, t.step);
+    const auto* ckpt = ctx.records.checkpointed.find(t.name, t.kind, t.step);
+    const auto* rec = fix->error.empty() ? fix->find(t.name, t.kind, t.step) : nullptr;
+    const double e_plain = plain ? relative_error(plain->value, t.value) : std::nan("");
+    const double e_ckpt = ckpt ? relative_error(ckpt->value, t.value) : std::nan("");
+    const double e_fix = rec ? relative_error(rec->value, t.value) : std::nan("");
+    rows.push_back({{"param", t.name}, {"step", t.step}, {"plain_amp", e_plain},
+                    {"checkpointed_amp", e_ckpt}, {"fp32_recompute", e_fix}});
+    if (std::isfinite(e_plain)) study.worst_plain = std::max(study.worst_plain, e_plain);
+    if (std::isfinite(e_ckpt)) study.worst_ckpt = std::max(study.worst_ckpt, e_ckpt);
+    if (std::isfinite(e_fix)) study.worst_fix = std::max(study.worst_fix, e_fix);
+    // 1e-6 relative error is below anything AMP can be blamed for.
+    if (std::isfinite(e_ckpt) && e_ckpt > 1e-6 && e_ckpt > ctx.amp_error_factor * e_plain) {
+      study.worse = true;
+      add_finding(r, precision_finding(ctx, t.name, e_ckpt, e_plain, rows.back()));
+    }
+  }
+  if (!fix->error.empty()) r.details["fp32_recompute_error"] = fix->error;
+  r.details["precision"] = rows;
+  r.details["amp_error_factor"] = ctx.amp_error_factor;
+  r.details["worst"] = {{"plain_amp", study.worst_plain}, {"checkpointed_amp", study.worst_ckpt},
+                        {"fp32_recompute", study.worst_fix}};
+  return study;
+}
+
+std::string study_text(const CheckContext& ctx, const PrecisionStudy& study) {
+  const auto& fp32 = ctx.records.fp32_reference;
+  const auto& fix = ctx.records.fp32_recompute;
+  if (!ctx.records.checkpointed.error.empty()) return "gradient errors not measured: the checkpointed step failed";
+  if (!fp32 || !fp32->error.empty()) return "the fp32 reference step did not run";
+  return fmt::format(
+      "gradient error against fp32 (worst parameter): plain AMP {:.3g}, checkpointed {:.3g}, "
+      "fp32 recompute {}",
+      study.worst_plain, study.worst_ckpt,
+      fix && !fix->error.empty() ? "failed (" + fix->error + ")" : fmt::format("{:.3g}", study.worst_fix));
+}
+
 class AutocastCheck : public Check {
  public:
   std::string id() const override { return "autocast"; }
@@ -47,96 +147,21 @@ class AutocastCheck : public Check {
       const auto idx = first_dtype_difference(c);
       if (!idx || reported.count(c.site)) continue;
       reported.insert(c.site);
-      const size_t i = *idx;
-      auto at = [](const std::vector<std::string>& v, size_t k) { return k < v.size() ? v[k] : std::string("(none)"); };
-      Finding f;
-      f.cause = Cause::kAutocast;
-      f.site = c.site;
-      f.tensor = at(c.forward_ops, i);
-      f.details = {{"op_index", i},
-                   {"forward_op", at(c.forward_ops, i)},
-                   {"forward_dtype", at(c.forward_dtypes, i)},
-                   {"forward_autocast", at(c.forward_autocast, i)},
-                   {"recompute_op", at(c.recompute_ops, i)},
-                   {"recompute_dtype", at(c.recompute_dtypes, i)},
-                   {"recompute_autocast", at(c.recompute_autocast, i)},
-                   {"forward_ops", c.forward_ops.size()},
-                   {"recompute_ops", c.recompute_ops.size()}};
-      auto ran = [&](const std::vector<std::string>& ops, const std::vector<std::string>& dtypes,
-                     const std::vector<std::string>& autocast, bool failed) {
-        const auto dtype = at(dtypes, i);
-        return fmt::format("{} under autocast {} {}", at(ops, i), at(autocast, i),
-                           dtype == "-" && failed ? "and threw" : "giving " + dtype);
-      };
-      f.message = fmt::format("op {} of the site ran as {} in the forward, but as {} in the recompute", i,
-                              ran(c.forward_ops, c.forward_dtypes, c.forward_autocast, false),
-                              ran(c.recompute_ops, c.recompute_dtypes, c.recompute_autocast,
-                                  c.recompute_failed && i + 1 == c.recompute_dtypes.size()));
-      add_finding(r, f);
+      add_finding(r, dtype_finding(c, *idx));
     }
     const bool mismatch = !r.findings.empty();
-
-    // The precision study.
-    const auto& fp32 = ctx.records.fp32_reference;
-    const auto& fix = ctx.records.fp32_recompute;
-    double worst_plain = 0, worst_ckpt = 0, worst_fix = 0;
-    bool worse = false;
-    if (fp32 && fix && fp32->error.empty() && ctx.records.reference.error.empty() &&
-        ctx.records.checkpointed.error.empty()) {
-      nlohmann::json rows = nlohmann::json::array();
-      for (const auto& t : fp32->tensors) {
-        if (t.kind != "param-grad") continue;
-        const auto* plain = ctx.records.reference.find(t.name, t.kind, t.step);
-        const auto* ckpt = ctx.records.checkpointed.find(t.name, t.kind, t.step);
-        const auto* rec = fix->error.empty() ? fix->find(t.name, t.kind, t.step) : nullptr;
-        const double e_plain = plain ? relative_error(plain->value, t.value) : std::nan("");
-        const double e_ckpt = ckpt ? relative_error(ckpt->value, t.value) : std::nan("");
-        const double e_fix = rec ? relative_error(rec->value, t.value) : std::nan("");
-        rows.push_back({{"param", t.name}, {"step", t.step}, {"plain_amp", e_plain},
-                        {"checkpointed_amp", e_ckpt}, {"fp32_recompute", e_fix}});
-        if (std::isfinite(e_plain)) worst_plain = std::max(worst_plain, e_plain);
-        if (std::isfinite(e_ckpt)) worst_ckpt = std::max(worst_ckpt, e_ckpt);
-        if (std::isfinite(e_fix)) worst_fix = std::max(worst_fix, e_fix);
-        // 1e-6 relative error is below anything AMP can be blamed for.
-        if (std::isfinite(e_ckpt) && e_ckpt > 1e-6 && e_ckpt > ctx.amp_error_factor * e_plain) {
-          worse = true;
-          Finding f;
-          f.cause = Cause::kAutocast;
-          f.site = owning_unit(ctx.plan, t.name);
-          f.tensor = t.name;
-          f.details = rows.back();
-          f.message = fmt::format(
-              "checkpointed AMP puts the gradient of {} {:.3g} (relative) from the fp32 step, "
-              "{:.1f}x plain AMP's {:.3g} (bound: {:g}x)",
-              t.name, e_ckpt, e_plain > 0 ? e_ckpt / e_plain : INFINITY, e_plain, ctx.amp_error_factor);
-          f.hint = "keep the recompute in the forward's precision (restore autocast); compare "
-                   "with the fp32-recompute column before adopting it";
-          add_finding(r, f);
-        }
-      }
-      if (!fix->error.empty()) r.details["fp32_recompute_error"] = fix->error;
-      r.details["precision"] = rows;
-      r.details["amp_error_factor"] = ctx.amp_error_factor;
-      r.details["worst"] = {{"plain_amp", worst_plain}, {"checkpointed_amp", worst_ckpt},
-                            {"fp32_recompute", worst_fix}};
-    }
-    std::string study = fmt::format(
-        "gradient error against fp32 (worst parameter): plain AMP {:.3g}, checkpointed {:.3g}, "
-        "fp32 recompute {}",
-        worst_plain, worst_ckpt,
-        fix && !fix->error.empty() ? "failed (" + fix->error + ")" : fmt::format("{:.3g}", worst_fix));
-    if (!fp32 || !fp32->error.empty()) study = "the fp32 reference step did not run";
-    if (!ctx.records.checkpointed.error.empty()) study = "gradient errors not measured: the checkpointed step failed";
+    const auto study = study_precision(ctx, r);
+    const auto text = study_text(ctx, study);
     if (mismatch) {
       r.status = Status::kFail;
       r.summary = fmt::format("{} recompute under another autocast state or in other dtypes than their forward; {}",
-                              count_of(reported.size(), "site"), study);
-    } else if (worse) {
+                              count_of(reported.size(), "site"), text);
+    } else if (study.worse) {
       r.status = Status::kWarn;
-      r.summary = fmt::format("checkpointing moves gradients further from fp32 than plain AMP; {}", study);
+      r.summary = fmt::format("checkpointing moves gradients further from fp32 than plain AMP; {}", text);
     } else {
       r.summary = fmt::format("forward and recompute ran the same ops in the same dtypes under {}; {}",
-                              amp_name(ctx.config.amp), study);
+                              amp_name(ctx.config.amp), text);
     }
     return r;
   }

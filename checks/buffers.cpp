@@ -10,6 +10,36 @@
 namespace ckcheck {
 namespace {
 
+// One finding per (cause, unit), with the names of the state entries it covers.
+using StateGroups = std::vector<std::pair<Finding, std::vector<std::string>>>;
+
+// Adds differing state entry d to its group: buffer-update, unless the unit's recompute is already
+// explained by a stateful site or the RNG.
+void add_to_group(StateGroups& groups, const CheckContext& ctx, const std::vector<SiteExplanation>& explained,
+                  const TensorDiff& d) {
+  Finding f;
+  f.site = owning_unit(ctx.plan, d.name);
+  auto e = std::find_if(explained.begin(), explained.end(), [&](const SiteExplanation& x) { return x.site == f.site; });
+  const bool other = e != explained.end() && (e->cause == Cause::kStateful || e->cause == Cause::kRng);
+  f.cause = other ? e->cause : Cause::kBufferUpdate;
+  auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
+    return g.first.cause == f.cause && g.first.site == f.site;
+  });
+  if (it == groups.end()) {
+    const auto name = state_display_name(d.name);
+    const auto what = state_kind_words(d.kind);
+    f.tensor = name;
+    f.details = {{"first", diff_json(d)}, {"kind", what}};
+    f.message = other ? fmt::format("{} ({}) differs after step {}: {}", name, what, d.step, e->evidence)
+                      : fmt::format("{} ({}) differs after step {} (max abs {:.3g}): the forward "
+                                    "updated it and the recompute updated it again",
+                                    name, what, d.step, d.max_abs);
+    groups.push_back({f, {}});
+    it = groups.end() - 1;
+  }
+  it->second.push_back(state_display_name(d.name));
+}
+
 class BuffersCheck : public Check {
  public:
   std::string id() const override { return "buffers"; }
@@ -22,47 +52,20 @@ class BuffersCheck : public Check {
     if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);
     CheckResult r;
     r.id = id();
-    const auto explained = explain_sites(ctx);
-    auto explanation_for = [&](const std::string& site) -> const SiteExplanation* {
-      for (const auto& e : explained) {
-        if (e.site == site) return &e;
-      }
-      return nullptr;
-    };
     if (!ctx.records.checkpointed.error.empty()) {
       return checkpointed_failed(id(), ctx, "the checkpointed step failed before its buffers could be compared: ",
                                  "the checkpointed step failed");
     }
     if (auto not_repeatable = plain_not_repeatable(id(), ctx)) return *not_repeatable;
     size_t compared = 0, differing = 0;
-    // One finding per (cause, unit), naming its buffers.
-    std::vector<std::pair<Finding, std::vector<std::string>>> groups;
+    const auto explained = explain_sites(ctx);
+    StateGroups groups;
     for (const auto& d : ctx.diffs) {
       if (!is_state_kind(d.kind)) continue;
       ++compared;
       if (d.equal) continue;
       ++differing;
-      Finding f;
-      f.site = owning_unit(ctx.plan, d.name);
-      const auto* e = explanation_for(f.site);
-      const bool other = e && (e->cause == Cause::kStateful || e->cause == Cause::kRng);
-      f.cause = other ? e->cause : Cause::kBufferUpdate;
-      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) {
-        return g.first.cause == f.cause && g.first.site == f.site;
-      });
-      if (it == groups.end()) {
-        const auto name = d.name[0] == '@' ? d.name.substr(1) : d.name;
-        const auto what = state_kind_words(d.kind);
-        f.tensor = name;
-        f.details = {{"first", diff_json(d)}, {"kind", what}};
-        f.message = other ? fmt::format("{} ({}) differs after step {}: {}", name, what, d.step, e->evidence)
-                          : fmt::format("{} ({}) differs after step {} (max abs {:.3g}): the forward "
-                                        "updated it and the recompute updated it again",
-                                        name, what, d.step, d.max_abs);
-        groups.push_back({f, {}});
-        it = groups.end() - 1;
-      }
-      it->second.push_back(d.name[0] == '@' ? d.name.substr(1) : d.name);
+      add_to_group(groups, ctx, explained, d);
     }
     for (auto& [f, names] : groups) {
       f.details["buffers"] = names;

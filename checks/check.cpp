@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "harness/errors.h"
+#include "harness/support/errors.h"
 
 namespace ckcheck {
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/compare.h"
-#include "harness/model.h"
-#include "harness/plan.h"
-#include "harness/runner.h"
+#include "ckcheck/model.h"
+#include "harness/runner/compare.h"
+#include "harness/runner/plan.h"
+#include "harness/runner/runner.h"
 
 namespace ckcheck {
 

@@ -1,7 +1,7 @@
 #include "checks/common.h"
 
 #include "checks/evidence.h"
-#include "harness/text.h"
+#include "harness/support/text.h"
 
 namespace ckcheck {
 

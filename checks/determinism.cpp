@@ -5,10 +5,52 @@
 
 #include "checks/common.h"
 #include "checks/evidence.h"
-#include "harness/text.h"
+#include "harness/support/text.h"
 
 namespace ckcheck {
 namespace {
+
+// The site differs from itself even from identical state; `within` when inside the tolerance.
+Finding non_deterministic_finding(const CheckContext& ctx, const UnitProbe& p, bool& within) {
+  Finding f;
+  f.site = p.site;
+  f.cause = Cause::kNonDeterministic;
+  within = !p.first_outputs.empty();
+  double worst_rel = 0.0;
+  for (size_t i = 0; i < p.first_outputs.size() && i < p.other_outputs.size(); ++i) {
+    auto d = compare_tensors(p.first_outputs[i], p.other_outputs[i], ctx.tolerance);
+    within = within && d.equal;
+    worst_rel = std::max(worst_rel, d.max_rel);
+  }
+  f.tensor = "outputs";
+  f.details = {{"max_abs_diff", p.max_abs_diff}, {"max_rel_diff", worst_rel},
+               {"within_tolerance", within}, {"tolerance", ctx.tolerance.text()}};
+  f.message = fmt::format(
+      "the site gives different outputs on identical inputs and RNG state (max abs "
+      "difference {:.3g}){}",
+      p.max_abs_diff,
+      within ? fmt::format(", within the tolerance {}", ctx.tolerance.text())
+             : "; the recompute cannot reproduce the forward");
+  return f;
+}
+
+// The site repeats itself from a restart but not from the state its first call left.
+Finding stateful_finding(const UnitProbe& p) {
+  Finding f;
+  f.site = p.site;
+  f.cause = Cause::kStateful;
+  std::vector<std::string> named;
+  for (const auto& s : p.changed_state) named.push_back(state_display_name(s));
+  f.tensor = named.empty() ? "" : named.front();
+  f.details = {{"changed_state", named}};
+  f.message = named.empty()
+                  ? "the site changes state it keeps outside its buffers (a member, a cache or a "
+                    "global), so a second call computes something else"
+                  : fmt::format("the site changes its own state ({}) on every call, so the "
+                                "recompute computes something else than the forward",
+                                fmt::join(named, ", "));
+  return f;
+}
 
 class DeterminismCheck : public Check {
  public:
@@ -43,47 +85,15 @@ class DeterminismCheck : public Check {
       if (p.repeat_equal) continue;
       // Private generators are the rng check's to report: the repeat draws other numbers.
       if (p.private_generator) continue;
-      Finding f;
-      f.site = p.site;
       if (!p.restart_equal) {
-        f.cause = Cause::kNonDeterministic;
-        bool within = !p.first_outputs.empty();
-        double worst_rel = 0.0;
-        for (size_t i = 0; i < p.first_outputs.size() && i < p.other_outputs.size(); ++i) {
-          auto d = compare_tensors(p.first_outputs[i], p.other_outputs[i], ctx.tolerance);
-          within = within && d.equal;
-          worst_rel = std::max(worst_rel, d.max_rel);
-        }
-        f.tensor = "outputs";
-        f.details = {{"max_abs_diff", p.max_abs_diff}, {"max_rel_diff", worst_rel},
-                     {"within_tolerance", within}, {"tolerance", ctx.tolerance.text()}};
-        f.message = fmt::format(
-            "the site gives different outputs on identical inputs and RNG state (max abs "
-            "difference {:.3g}){}",
-            p.max_abs_diff,
-            within ? fmt::format(", within the tolerance {}", ctx.tolerance.text())
-                   : "; the recompute cannot reproduce the forward");
-        if (within) {
-          if (r.status == Status::kPass) r.status = Status::kWarn;
-        } else {
-          failed = true;
-        }
+        bool within = false;
+        add_finding(r, non_deterministic_finding(ctx, p, within));
+        if (!within) failed = true;
+        if (within && r.status == Status::kPass) r.status = Status::kWarn;
       } else {
-        f.cause = Cause::kStateful;
-        std::vector<std::string> named;
-        for (const auto& s : p.changed_state) named.push_back(s[0] == '@' ? s.substr(1) : s);
-        f.tensor = named.empty() ? "" : named.front();
-        f.details = {{"changed_state", named}};
-        f.message =
-            named.empty()
-                ? "the site changes state it keeps outside its buffers (a member, a cache or a "
-                  "global), so a second call computes something else"
-                : fmt::format("the site changes its own state ({}) on every call, so the "
-                              "recompute computes something else than the forward",
-                              fmt::join(named, ", "));
+        add_finding(r, stateful_finding(p));
         failed = true;
       }
-      add_finding(r, f);
     }
     if (failed) r.status = Status::kFail;
     if (r.findings.empty() && !probe_error.empty()) {

@@ -96,14 +96,21 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
 }
 
 std::string owning_unit(const Plan& plan, const std::string& name) {
-  std::string tensor = name;
-  if (!tensor.empty() && tensor[0] == '@') tensor = tensor.substr(1);
+  const std::string tensor = state_display_name(name);
   for (const auto& unit : plan.units) {
     for (const auto& site : unit) {
       if (site_within(tensor, site)) return Plan::unit_label(unit);
     }
   }
   return "";
+}
+
+int64_t plain_fires(const CheckContext& ctx, const HookCount& h) {
+  int64_t plain = 1;
+  for (const auto& p : ctx.records.reference.hooks) {
+    if (p.name == h.name && p.step == h.step && p.micro_batch == h.micro_batch) plain = p.fires;
+  }
+  return plain;
 }
 
 std::map<std::string, int64_t> first_differing_micro_batch(const CheckContext& ctx) {

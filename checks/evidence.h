@@ -48,4 +48,8 @@ bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& 
 /// The checkpointed unit a tensor belongs to ("blocks.1.bn1.running_mean" -> "blocks.1"), or "".
 std::string owning_unit(const Plan& plan, const std::string& tensor_name);
 
+/// How often the plain step fired the gradient hook counted in `checkpointed` (same parameter,
+/// step and micro-batch); 1 when the plain step did not count it.
+int64_t plain_fires(const CheckContext& ctx, const HookCount& checkpointed);
+
 }  // namespace ckcheck

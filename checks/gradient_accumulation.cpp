@@ -53,10 +53,7 @@ void add_gradient_findings(const CheckContext& ctx, CheckResult& r) {
 
 void add_hook_findings(const CheckContext& ctx, CheckResult& r) {
   for (const auto& h : ctx.records.checkpointed.hooks) {
-    int64_t plain = 1;
-    for (const auto& p : ctx.records.reference.hooks) {
-      if (p.name == h.name && p.step == h.step && p.micro_batch == h.micro_batch) plain = p.fires;
-    }
+    const int64_t plain = plain_fires(ctx, h);
     if (h.fires == plain) continue;
     Finding f;
     f.cause = Cause::kHookCount;

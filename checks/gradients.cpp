@@ -23,9 +23,17 @@ struct Group {
   double worst = -1;
 };
 
+// What the records say about the step as a whole, read once for all differing tensors.
+struct StepEvidence {
+  std::vector<SiteExplanation> explained;  // sites whose recompute differs, and why
+  bool rounding = false;                   // the differences are rounding only
+  std::map<std::string, int64_t> later;    // parameter -> first micro-batch after which it differs
+};
+
 // The cause and site of one differing tensor, and the evidence for it, in words.
-Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const std::vector<SiteExplanation>& explained,
-                 bool rounding, std::string& evidence) {
+Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidence& step, std::string& evidence) {
+  const auto& explained = step.explained;
+  const auto& later = step.later;
   Finding f;
   if (d.missing != "none") {
     f.cause = Cause::kMissingGrad;
@@ -35,14 +43,13 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const std::vector
     f.cause = Cause::kNonFinite;
     evidence = fmt::format("{} has {} NaN/Inf values with checkpointing, {} without", d.name,
                            d.nonfinite_checkpointed, d.nonfinite_reference);
-  } else if (rounding) {
+  } else if (step.rounding) {
     f.cause = Cause::kAccumulationOrder;
     evidence = fmt::format(
         "every recompute reproduced its forward bitwise and the loss and outputs are equal; the gradient "
         "differs by {:.3g}, within {} epsilons of its largest value: the backward summed the same "
         "contributions in another order", d.max_abs, kReassociationEps);
-  } else if (const auto later = first_differing_micro_batch(ctx); d.kind == "param-grad" && later.count(d.name) &&
-                                                                    later.at(d.name) > 1) {
+  } else if (d.kind == "param-grad" && later.count(d.name) && later.at(d.name) > 1) {
     f.cause = Cause::kAccumulatedGrad;
     f.site = owning_unit(ctx.plan, d.name);
     evidence = fmt::format("equal after micro-batch 1, it first differs after micro-batch {}: the checkpointed step "
@@ -144,8 +151,10 @@ class GradientsCheck : public Check {
                                  "the checkpointed step failed where the plain step did not");
     }
     if (auto not_repeatable = plain_not_repeatable(id(), ctx)) return *not_repeatable;
-    const auto explained = explain_sites(ctx);
-    const bool rounding = rounding_only(ctx, explained);
+    StepEvidence step;
+    step.explained = explain_sites(ctx);
+    step.rounding = rounding_only(ctx, step.explained);
+    step.later = first_differing_micro_batch(ctx);
     std::vector<Group> groups;
     size_t compared = 0, differing = 0;
     for (const auto& d : ctx.diffs) {
@@ -154,7 +163,7 @@ class GradientsCheck : public Check {
       if (d.equal) continue;
       ++differing;
       std::string evidence;
-      const auto f = cause_of(ctx, d, explained, rounding, evidence);
+      const auto f = cause_of(ctx, d, step, evidence);
       add_to_group(groups, f, d, evidence);
     }
     CheckResult r;
@@ -164,9 +173,9 @@ class GradientsCheck : public Check {
     r.details["differing"] = differing;
     if (differing > 0) {
       // Rounding from another summation order is not a wrong gradient: a warning that says so.
-      r.status = rounding ? Status::kWarn : Status::kFail;
+      r.status = step.rounding ? Status::kWarn : Status::kFail;
       r.summary = fmt::format("{} of {} tensors differ ({}){}", differing, compared, ctx.tolerance.text(),
-                              rounding ? " by rounding only: gradients summed in another order" : "");
+                              step.rounding ? " by rounding only: gradients summed in another order" : "");
       return r;
     }
     r.summary = fmt::format("{} tensors equal ({}) with {} checkpointed", compared, ctx.tolerance.text(),

@@ -24,7 +24,6 @@ class HooksCheck : public Check {
   CheckResult run(const CheckContext& ctx) const override {
     CheckResult r;
     r.id = id();
-    const auto& plain = ctx.records.reference.hooks;
     const auto& ckpt = ctx.records.checkpointed.hooks;
     if (ckpt.empty()) {
       r.status = Status::kSkip;
@@ -35,10 +34,7 @@ class HooksCheck : public Check {
     size_t counted = 0;
     for (const auto& h : ckpt) {
       ++counted;
-      int64_t expected = 1;
-      for (const auto& p : plain) {
-        if (p.name == h.name && p.step == h.step && p.micro_batch == h.micro_batch) expected = p.fires;
-      }
+      const int64_t expected = plain_fires(ctx, h);
       if (h.fires == expected) continue;
       Finding f;
       f.cause = Cause::kHookCount;

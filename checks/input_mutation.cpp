@@ -2,6 +2,7 @@
 // recompute, so the recompute starts from other data.
 #include <fmt/ranges.h>
 
+#include <optional>
 #include <set>
 
 #include "checks/common.h"
@@ -9,6 +10,56 @@
 
 namespace ckcheck {
 namespace {
+
+// Input i of call c changed in place, during the forward or before the recompute; none if not.
+std::optional<Finding> changed_input(const CallEvidence& c, size_t i) {
+  Finding f;
+  f.cause = Cause::kInPlace;
+  f.site = c.site;
+  f.tensor = fmt::format("input {}", i);
+  if (i < c.versions_exit.size() && c.versions_exit[i] != c.versions_entry[i]) {
+    f.message = fmt::format(
+        "the site changes its input {} in place during its forward (version {} -> {}); "
+        "the recompute would start from the changed data",
+        i, c.versions_entry[i], c.versions_exit[i]);
+    f.details = {{"input", i}, {"when", "forward"}, {"version_entry", c.versions_entry[i]},
+                 {"version_exit", c.versions_exit[i]}};
+  } else if (i < c.versions_recompute.size() && i < c.versions_exit.size() &&
+             c.versions_recompute[i] != c.versions_exit[i]) {
+    f.message = fmt::format(
+        "input {} is changed in place after the site's forward and before its recompute "
+        "(version {} -> {})",
+        i, c.versions_exit[i], c.versions_recompute[i]);
+    f.details = {{"input", i}, {"when", "between forward and recompute"},
+                 {"version_exit", c.versions_exit[i]},
+                 {"version_recompute", c.versions_recompute[i]}};
+  } else if (i < c.content_changed.size() && c.content_changed[i]) {
+    f.message = fmt::format(
+        "input {}'s content changed before the recompute without a version bump (a write "
+        "through .data or an untracked alias)",
+        i);
+    f.details = {{"input", i}, {"when", "untracked write"}};
+  } else {
+    return std::nullopt;
+  }
+  return f;
+}
+
+// State the site reads, changed by someone else between its forward and its recompute.
+Finding changed_state(const CallEvidence& c) {
+  Finding f;
+  f.cause = Cause::kInPlace;
+  f.site = c.site;
+  f.tensor = c.state_changed.front();
+  f.message = fmt::format(
+      "{} changed after the site's forward and before its recompute (by the parent or a later site), and "
+      "the recompute read the new value",
+      fmt::join(c.state_changed, ", "));
+  f.hint = "update that state after the backward, or clone what the site reads; do not checkpoint a site whose "
+           "inputs the parent changes before the backward";
+  f.details = {{"changed", c.state_changed}, {"when", "between forward and recompute"}};
+  return f;
+}
 
 class InputMutationCheck : public Check {
  public:
@@ -27,37 +78,10 @@ class InputMutationCheck : public Check {
       ++calls;
       for (size_t i = 0; i < c.versions_entry.size(); ++i) {
         if (seen.count({c.site, i})) continue;
-        Finding f;
-        f.cause = Cause::kInPlace;
-        f.site = c.site;
-        f.tensor = fmt::format("input {}", i);
-        if (i < c.versions_exit.size() && c.versions_exit[i] != c.versions_entry[i]) {
-          f.message = fmt::format(
-              "the site changes its input {} in place during its forward (version {} -> {}); "
-              "the recompute would start from the changed data",
-              i, c.versions_entry[i], c.versions_exit[i]);
-          f.details = {{"input", i}, {"when", "forward"}, {"version_entry", c.versions_entry[i]},
-                       {"version_exit", c.versions_exit[i]}};
-        } else if (i < c.versions_recompute.size() && i < c.versions_exit.size() &&
-                   c.versions_recompute[i] != c.versions_exit[i]) {
-          f.message = fmt::format(
-              "input {} is changed in place after the site's forward and before its recompute "
-              "(version {} -> {})",
-              i, c.versions_exit[i], c.versions_recompute[i]);
-          f.details = {{"input", i}, {"when", "between forward and recompute"},
-                       {"version_exit", c.versions_exit[i]},
-                       {"version_recompute", c.versions_recompute[i]}};
-        } else if (i < c.content_changed.size() && c.content_changed[i]) {
-          f.message = fmt::format(
-              "input {}'s content changed before the recompute without a version bump (a write "
-              "through .data or an untracked alias)",
-              i);
-          f.details = {{"input", i}, {"when", "untracked write"}};
-        } else {
-          continue;
-        }
+        auto f = changed_input(c, i);
+        if (!f) continue;
         seen.insert({c.site, i});
-        add_finding(r, f);
+        add_finding(r, std::move(*f));
       }
     }
     // State the site reads, changed by someone else between its forward and its recompute:
@@ -65,18 +89,7 @@ class InputMutationCheck : public Check {
     for (const auto& c : ctx.records.checkpointed.calls) {
       if (c.state_changed.empty() || !recompute_differs(c) || seen.count({c.site, SIZE_MAX})) continue;
       seen.insert({c.site, SIZE_MAX});
-      Finding f;
-      f.cause = Cause::kInPlace;
-      f.site = c.site;
-      f.tensor = c.state_changed.front();
-      f.message = fmt::format(
-          "{} changed after the site's forward and before its recompute (by the parent or a later site), and "
-          "the recompute read the new value",
-          fmt::join(c.state_changed, ", "));
-      f.hint = "update that state after the backward, or clone what the site reads; do not checkpoint a site whose "
-               "inputs the parent changes before the backward";
-      f.details = {{"changed", c.state_changed}, {"when", "between forward and recompute"}};
-      add_finding(r, f);
+      add_finding(r, changed_state(c));
     }
     if (!r.findings.empty()) {
       r.status = Status::kFail;

@@ -14,7 +14,7 @@
 #include "cli/list.h"
 #include "cli/run.h"
 #include "cli/validate_op.h"
-#include "harness/errors.h"
+#include "harness/support/errors.h"
 #include "reports/report.h"
 
 namespace ckcheck::cli {

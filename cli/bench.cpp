@@ -7,8 +7,9 @@
 #include <chrono>
 #include <iostream>
 
-#include "harness/bench.h"
-#include "harness/errors.h"
+#include "harness/analyses/bench.h"
+#include "harness/support/errors.h"
+#include "harness/support/text.h"
 
 namespace ckcheck::cli {
 

@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 
 #include "fixtures/registry.h"
-#include "harness/errors.h"
-#include "harness/text.h"
-#include "harness/torchscript_model.h"
+#include "harness/model/torchscript_model.h"
+#include "harness/support/errors.h"
+#include "harness/support/text.h"
 
 namespace ckcheck::cli {
 
@@ -30,27 +30,10 @@ std::map<std::string, std::string> ModelArgs::given_options() const {
   return out;
 }
 
-void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps) {
-  std::vector<std::string> names;
-  for (const auto& s : builtin_models()) names.push_back(s.name);
-  app.add_option("--model", args.model,
-                 fmt::format("the model: a built-in one ({}), the path of a TorchScript file, or a "
-                             "Python factory FILE.py[:CALLABLE] or package.module:CALLABLE (CALLABLE "
-                             "defaults to make_model) that returns an nn.Module, (module, inputs[, loss]) "
-                             "or a dict with model and any of inputs, args, kwargs, loss, enable, disable; "
-                             "inputs: a tensor, a tuple of positional or a dict of keyword arguments",
-                             fmt::join(names, ", ")))
-      ->required();
-  app.add_option("--checkpoint", args.checkpoint,
-                 "the checkpoint under test: ckcheck (ckcheck's own, every model), and for Python "
-                 "models torch (torch.utils.checkpoint, use_reentrant=False), torch-reentrant "
-                 "(use_reentrant=True) or model (the model's own switch, as "
-                 "gradient_checkpointing_enable()); the reference is always the model without "
-                 "checkpoints")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ckcheck", "torch", "torch-reentrant", "model"}));
+namespace {
 
-  // The options of all built-in models, each shown once with the models that take it.
+// The options of all built-in models, each shown once with the models that take it.
+void add_builtin_model_options(CLI::App& app, ModelArgs& args) {
   std::map<std::string, std::vector<std::pair<std::string, std::string>>> by_option;
   std::vector<std::string> order;
   for (const auto& spec : builtin_models()) {
@@ -76,6 +59,55 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_
     args.option_flags.push_back({name, opt});
   }
 
+}
+
+// How a file model's inputs are made, and its training flags.
+void add_input_options(CLI::App& app, ModelArgs& args) {
+  auto* ts = app.add_option_group("File model inputs", "for --model PATH.pt and Python factories that return no inputs");
+  auto note = [&args](const std::string& name) {
+    return [&args, name](const std::string&) { args.torchscript_flags.push_back(name); };
+  };
+  ts->add_option("--input-shape", args.input_shape, "shape of a seeded random input, as 2,3,224,224")
+      ->each(note("--input-shape"));
+  ts->add_option("--input-dtype", args.input_dtype, "float32, float64, float16, bfloat16, int64 or int32")
+      ->capture_default_str()
+      ->each(note("--input-dtype"));
+  ts->add_option("--input-range", args.input_range, "LO,HI: integers in [LO, HI) for token ids; uniform in [LO, HI) for floats")
+      ->each(note("--input-range"));
+  ts->add_option("--input", args.input_file, "a file of input tensors saved from Python (torch.save of a tensor, list or tuple)")
+      ->each(note("--input"));
+  ts->add_option("--mode", args.mode,
+                 "training flags: as-saved (each module's flag as exported: a BatchNorm frozen in eval stays frozen), "
+                 "train or eval (every module)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"as-saved", "train", "eval"}))
+      ->each(note("--mode"));
+}
+
+}  // namespace
+
+void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps) {
+  std::vector<std::string> names;
+  for (const auto& s : builtin_models()) names.push_back(s.name);
+  app.add_option("--model", args.model,
+                 fmt::format("the model: a built-in one ({}), the path of a TorchScript file, or a "
+                             "Python factory FILE.py[:CALLABLE] or package.module:CALLABLE (CALLABLE "
+                             "defaults to make_model) that returns an nn.Module, (module, inputs[, loss]) "
+                             "or a dict with model and any of inputs, args, kwargs, loss, enable, disable; "
+                             "inputs: a tensor, a tuple of positional or a dict of keyword arguments",
+                             fmt::join(names, ", ")))
+      ->required();
+  app.add_option("--checkpoint", args.checkpoint,
+                 "the checkpoint under test: ckcheck (ckcheck's own, every model), and for Python "
+                 "models torch (torch.utils.checkpoint, use_reentrant=False), torch-reentrant "
+                 "(use_reentrant=True) or model (the model's own switch, as "
+                 "gradient_checkpointing_enable()); the reference is always the model without "
+                 "checkpoints")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ckcheck", "torch", "torch-reentrant", "model"}));
+
+  add_builtin_model_options(app, args);
+
   app.add_option("--sites", args.sites,
                  "where checkpoints may go: globs over module paths, comma-separated or repeated "
                  "(default: the model's own blocks); '*' matches dots too, as in '*.attn'")
@@ -98,25 +130,7 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_
   app.add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_option("--amp", args.amp, "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)")->capture_default_str();
 
-  auto* ts = app.add_option_group("File model inputs", "for --model PATH.pt and Python factories that return no inputs");
-  auto note = [&args](const std::string& name) {
-    return [&args, name](const std::string&) { args.torchscript_flags.push_back(name); };
-  };
-  ts->add_option("--input-shape", args.input_shape, "shape of a seeded random input, as 2,3,224,224")
-      ->each(note("--input-shape"));
-  ts->add_option("--input-dtype", args.input_dtype, "float32, float64, float16, bfloat16, int64 or int32")
-      ->capture_default_str()
-      ->each(note("--input-dtype"));
-  ts->add_option("--input-range", args.input_range, "LO,HI: integers in [LO, HI) for token ids; uniform in [LO, HI) for floats")
-      ->each(note("--input-range"));
-  ts->add_option("--input", args.input_file, "a file of input tensors saved from Python (torch.save of a tensor, list or tuple)")
-      ->each(note("--input"));
-  ts->add_option("--mode", args.mode,
-                 "training flags: as-saved (each module's flag as exported: a BatchNorm frozen in eval stays frozen), "
-                 "train or eval (every module)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"as-saved", "train", "eval"}))
-      ->each(note("--mode"));
+  add_input_options(app, args);
 }
 
 torch::Device parse_device(const std::string& text) {

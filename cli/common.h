@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "harness/model.h"
-#include "harness/plan.h"
-#include "harness/runner.h"
+#include "ckcheck/model.h"
+#include "harness/runner/plan.h"
+#include "harness/runner/runner.h"
 #include "reports/report.h"
 
 namespace ckcheck::cli {

@@ -5,9 +5,9 @@
 #include <chrono>
 #include <iostream>
 
-#include "checks/diagnose.h"
-#include "checks/session.h"
-#include "harness/errors.h"
+#include "harness/analyses/diagnose.h"
+#include "harness/analyses/session.h"
+#include "harness/support/errors.h"
 
 namespace ckcheck::cli {
 

@@ -19,9 +19,9 @@
 #include <iostream>
 #include <thread>
 
-#include "harness/data_parallel.h"
-#include "harness/errors.h"
-#include "harness/text.h"
+#include "harness/runner/data_parallel.h"
+#include "harness/support/errors.h"
+#include "harness/support/text.h"
 
 namespace ckcheck::cli {
 
@@ -165,7 +165,10 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 }  // namespace
 
-int launch_ranks(int world_size, int timeout_s) {
+namespace {
+
+// This program's own path: the ranks are this program again.
+std::string own_path() {
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) throw UsageError("cannot find this program's own path to start the ranks");
@@ -174,6 +177,109 @@ int launch_ranks(int world_size, int timeout_s) {
   if (self.size() < 7 || self.compare(self.size() - 7, 7, "ckcheck") != 0) {
     throw UsageError("--world-size starts ckcheck itself once per rank; run it from the ckcheck program");
   }
+  return self;
+}
+
+// The started ranks: their processes, exit statuses, error and wait-mark files, and the first
+// failure that explains the run.
+struct Ranks {
+  std::vector<pid_t> pids;
+  std::vector<int> status;  // exit status, -1 while running
+  std::vector<std::string> errs, waits;
+  int failed_rank = -1;
+  std::string problem;
+  std::optional<std::chrono::steady_clock::time_point> grace;
+};
+
+// In the child: the rank's environment and output, then this program again.
+[[noreturn]] void become_rank(const std::string& self, pid_t launcher, int r, int world_size, int port,
+                              const Ranks& ranks) {
+  // Die with the launcher, whatever ends it.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) _exit(1);
+  setenv("RANK", std::to_string(r).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  setenv("CKCHECK_RANK_WAIT_FILE", ranks.waits[r].c_str(), 1);
+  const int err = open(ranks.errs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (err >= 0) dup2(err, STDERR_FILENO);
+  if (r != 0) {
+    // Only rank 0 reports.
+    const int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) dup2(null, STDOUT_FILENO);
+  }
+  std::vector<char*> argv{const_cast<char*>(self.c_str())};
+  for (const auto& a : command_line()) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv(self.c_str(), argv.data());
+  _exit(127);
+}
+
+// Reaps the ranks that ended; false when none is running any more.
+bool reap(Ranks& ranks) {
+  bool running = false;
+  for (size_t r = 0; r < ranks.pids.size(); ++r) {
+    if (ranks.status[r] >= 0) continue;
+    int st = 0;
+    if (waitpid(ranks.pids[r], &st, WNOHANG) == 0) {
+      running = true;
+      continue;
+    }
+    ranks.status[r] = exit_status(st);
+    // Rank 0 exits 1 when a check fails; any rank exiting otherwise has failed.
+    if (ranks.status[r] <= 1) continue;
+    // The rank whose own error is the cause, rather than one that lost its peer: prefer the
+    // first failure that is not a broken or timed-out connection.
+    const bool peer_lost = talks_of_peer(last_line(ranks.errs[r]));
+    if (ranks.failed_rank < 0 || (talks_of_peer(last_line(ranks.errs[ranks.failed_rank])) && !peer_lost)) {
+      ranks.failed_rank = static_cast<int>(r);
+      ranks.problem = fmt::format("rank {} failed (exit status {}): {}", r, ranks.status[r], last_line(ranks.errs[r]));
+    }
+    // The others get a moment to finish or fail on their own before they count as hung.
+    if (!ranks.grace) ranks.grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  }
+  return running;
+}
+
+// Stops the ranks still running, naming the hung ones: those not waiting on a peer (all, when all wait).
+void stop_hung(Ranks& ranks, bool timed_out, int timeout_s) {
+  std::vector<int> hung, all;
+  for (size_t r = 0; r < ranks.pids.size(); ++r) {
+    if (ranks.status[r] >= 0) continue;
+    all.push_back(static_cast<int>(r));
+    if (access(ranks.waits[r].c_str(), F_OK) != 0) hung.push_back(static_cast<int>(r));
+  }
+  if (hung.empty()) hung = all;
+  stop_ranks(ranks.pids, ranks.status, SIGKILL);
+  // The hung rank is the news; a rank that failed meanwhile most likely gave up waiting on it.
+  ranks.problem =
+      ranks.failed_rank < 0
+          ? fmt::format("{} did not finish within --timeout {} s (the limit of the whole run; hung?); stopped",
+                        ranks_text(hung), timeout_s)
+          : fmt::format("{} did not finish{} (hung?) and was stopped; rank {} stopped with: {}", ranks_text(hung),
+                        timed_out ? fmt::format(" within --timeout {} s", timeout_s) : std::string(),
+                        ranks.failed_rank, last_line(ranks.errs[ranks.failed_rank]));
+}
+
+// A signal to the launcher: passed on to the ranks, which are reaped; the launcher's exit status.
+int stop_on_signal(Ranks& ranks) {
+  const int signo = g_signal;
+  std::vector<int> running;
+  for (size_t r = 0; r < ranks.pids.size(); ++r) {
+    if (ranks.status[r] < 0) running.push_back(static_cast<int>(r));
+  }
+  stop_ranks(ranks.pids, ranks.status, signo);
+  std::cerr << fmt::format("ckcheck: error: stopped by {}{}; no report was written\n", strsignal(signo),
+                           running.empty() ? "" : ", and so were " + ranks_text(running));
+  return 128 + signo;
+}
+
+}  // namespace
+
+int launch_ranks(int world_size, int timeout_s) {
+  const std::string self = own_path();
   const int port = free_port();
   RankFolder folder;
   char dir_template[] = "/tmp/ckcheck-ranks-XXXXXX";
@@ -183,110 +289,37 @@ int launch_ranks(int world_size, int timeout_s) {
 
   SignalNote signals;
   const pid_t launcher = getpid();
-  std::vector<pid_t> pids(world_size, -1);
-  std::vector<int> status(world_size, -1);  // exit status, -1 while running
-  std::vector<std::string> errs, waits;
+  Ranks ranks;
+  ranks.pids.assign(world_size, -1);
+  ranks.status.assign(world_size, -1);
   for (int r = 0; r < world_size; ++r) {
-    errs.push_back(fmt::format("{}/rank{}.err", dir, r));
-    waits.push_back(fmt::format("{}/rank{}.wait", dir, r));
-    folder.files.push_back(errs.back());
-    folder.files.push_back(waits.back());
+    ranks.errs.push_back(fmt::format("{}/rank{}.err", dir, r));
+    ranks.waits.push_back(fmt::format("{}/rank{}.wait", dir, r));
+    folder.files.push_back(ranks.errs.back());
+    folder.files.push_back(ranks.waits.back());
     const pid_t pid = fork();
     if (pid < 0) {
-      stop_ranks(pids, status, SIGKILL);
+      stop_ranks(ranks.pids, ranks.status, SIGKILL);
       throw UsageError("cannot start the ranks: fork failed");
     }
-    if (pid == 0) {
-      // Die with the launcher, whatever ends it.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher) _exit(1);
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      setenv("CKCHECK_RANK_WAIT_FILE", waits[r].c_str(), 1);
-      const int err = open(errs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (err >= 0) dup2(err, STDERR_FILENO);
-      if (r != 0) {
-        // Only rank 0 reports.
-        const int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) dup2(null, STDOUT_FILENO);
-      }
-      std::vector<char*> argv{const_cast<char*>(self.c_str())};
-      for (const auto& a : command_line()) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(self.c_str(), argv.data());
-      _exit(127);
-    }
-    pids[r] = pid;
+    if (pid == 0) become_rank(self, launcher, r, world_size, port, ranks);
+    ranks.pids[r] = pid;
   }
 
   const auto start = std::chrono::steady_clock::now();
-  std::string problem;
-  int failed_rank = -1;
-  std::optional<std::chrono::steady_clock::time_point> grace;
   for (;;) {
-    if (g_signal != 0) {
-      const int signo = g_signal;
-      std::vector<int> running;
-      for (int r = 0; r < world_size; ++r) {
-        if (status[r] < 0) running.push_back(r);
-      }
-      stop_ranks(pids, status, signo);
-      std::cerr << fmt::format("ckcheck: error: stopped by {}{}; no report was written\n", strsignal(signo),
-                               running.empty() ? "" : ", and so were " + ranks_text(running));
-      return 128 + signo;
-    }
-    bool running = false;
-    for (int r = 0; r < world_size; ++r) {
-      if (status[r] >= 0) continue;
-      int st = 0;
-      const pid_t got = waitpid(pids[r], &st, WNOHANG);
-      if (got == 0) {
-        running = true;
-        continue;
-      }
-      status[r] = exit_status(st);
-      // Rank 0 exits 1 when a check fails; any rank exiting otherwise has failed.
-      if (status[r] > 1) {
-        // The rank whose own error is the cause, rather than one that lost its peer: prefer the
-        // first failure that is not a broken or timed-out connection.
-        const bool peer_lost = talks_of_peer(last_line(errs[r]));
-        if (failed_rank < 0 || (talks_of_peer(last_line(errs[failed_rank])) && !peer_lost)) {
-          failed_rank = r;
-          problem = fmt::format("rank {} failed (exit status {}): {}", r, status[r], last_line(errs[r]));
-        }
-        // The others get a moment to finish or fail on their own before they count as hung.
-        if (!grace) grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-      }
-    }
-    if (!running) break;
+    if (g_signal != 0) return stop_on_signal(ranks);
+    if (!reap(ranks)) break;
     const auto now = std::chrono::steady_clock::now();
     const bool timed_out = now - start >= std::chrono::seconds(timeout_s);
-    if (timed_out || (grace && now > *grace)) {
-      // The hung ranks are those not waiting on a peer; when all wait, all are named.
-      std::vector<int> hung, all;
-      for (int r = 0; r < world_size; ++r) {
-        if (status[r] >= 0) continue;
-        all.push_back(r);
-        if (access(waits[r].c_str(), F_OK) != 0) hung.push_back(r);
-      }
-      if (hung.empty()) hung = all;
-      stop_ranks(pids, status, SIGKILL);
-      // The hung rank is the news; a rank that failed meanwhile most likely gave up waiting on it.
-      problem = failed_rank < 0
-                    ? fmt::format("{} did not finish within --timeout {} s (the limit of the whole run; hung?); stopped",
-                                  ranks_text(hung), timeout_s)
-                    : fmt::format("{} did not finish{} (hung?) and was stopped; rank {} stopped with: {}", ranks_text(hung),
-                                  timed_out ? fmt::format(" within --timeout {} s", timeout_s) : std::string(),
-                                  failed_rank, last_line(errs[failed_rank]));
+    if (timed_out || (ranks.grace && now > *ranks.grace)) {
+      stop_hung(ranks, timed_out, timeout_s);
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (problem.empty()) return status[0];
-  throw UsageError(problem);
+  if (ranks.problem.empty()) return ranks.status[0];
+  throw UsageError(ranks.problem);
 }
 
 namespace {

@@ -8,11 +8,11 @@
 #include <chrono>
 #include <iostream>
 
-#include "checks/diagnose.h"
-#include "checks/session.h"
 #include "cli/launch.h"
-#include "harness/data_parallel.h"
-#include "harness/errors.h"
+#include "harness/analyses/diagnose.h"
+#include "harness/analyses/session.h"
+#include "harness/runner/data_parallel.h"
+#include "harness/support/errors.h"
 
 namespace ckcheck::cli {
 

@@ -6,9 +6,9 @@
 #include <iostream>
 #include <map>
 
-#include "checks/validate_op.h"
 #include "cli/common.h"
-#include "harness/errors.h"
+#include "harness/analyses/validate_op.h"
+#include "harness/support/errors.h"
 
 namespace ckcheck::cli {
 

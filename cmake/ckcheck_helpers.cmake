@@ -1,5 +1,5 @@
 # One way to declare a ckcheck library, so every target compiles with the same flags and can reuse
-# the one precompiled header built for ckcheck_harness.
+# the one precompiled header built for ckcheck_support.
 function(ckcheck_target_defaults target)
   target_compile_features(${target} PUBLIC cxx_std_20)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
@@ -20,10 +20,10 @@ function(ckcheck_target_defaults target)
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fPIC>)
   endif()
   if(CKCHECK_PCH)
-    if(target STREQUAL "ckcheck_harness")
-      target_precompile_headers(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${PROJECT_SOURCE_DIR}/harness/pch.h>)
+    if(target STREQUAL "ckcheck_support")
+      target_precompile_headers(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${PROJECT_SOURCE_DIR}/harness/support/pch.h>)
     else()
-      target_precompile_headers(${target} REUSE_FROM ckcheck_harness)
+      target_precompile_headers(${target} REUSE_FROM ckcheck_support)
     endif()
   endif()
 endfunction()
@@ -33,8 +33,8 @@ function(ckcheck_add_library name)
   add_library(${name} STATIC ${ARG_SOURCES})
   target_include_directories(${name} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/harness/include>
     $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>
-    $<INSTALL_INTERFACE:include/ckcheck>
     $<INSTALL_INTERFACE:include>)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
   ckcheck_target_defaults(${name})

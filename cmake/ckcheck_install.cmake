@@ -6,23 +6,18 @@ include(CMakePackageConfigHelpers)
 set(CKCHECK_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/ckcheck)
 set(CKCHECK_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/ckcheck)
 
-install(TARGETS ckcheck ckcheck_harness ckcheck_fixtures ckcheck_checks ckcheck_reports
+# Only the public API is installed: <ckcheck/checkpoint.h>, <ckcheck/model.h>, <ckcheck/testing.h>
+# and <ckcheck/version.h>. The stages behind them are static libraries whose headers stay inside.
+install(TARGETS ckcheck ckcheck_support ckcheck_checkpoint ckcheck_model
         EXPORT ckcheckTargets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-install(TARGETS ckcheck_testing
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(TARGETS ckcheck_runner ckcheck_checks ckcheck_analyses ckcheck_reports ckcheck_testing
         EXPORT ckcheckTestingTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS ckcheck_cli RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
-foreach(dir harness checks fixtures fixtures/faulty reports)
-  file(GLOB headers ${PROJECT_SOURCE_DIR}/${dir}/*.h)
-  list(FILTER headers EXCLUDE REGEX "pch\\.h$")
-  install(FILES ${headers} DESTINATION ${CKCHECK_INSTALL_INCLUDEDIR}/${dir})
-endforeach()
-install(FILES ${PROJECT_BINARY_DIR}/generated/ckcheck/version.h
-              ${PROJECT_BINARY_DIR}/generated/ckcheck/checkpoint.h
-              ${PROJECT_BINARY_DIR}/generated/ckcheck/testing.h
+file(GLOB public_headers ${PROJECT_SOURCE_DIR}/harness/include/ckcheck/*.h)
+install(FILES ${public_headers} ${PROJECT_BINARY_DIR}/generated/ckcheck/version.h
         DESTINATION ${CKCHECK_INSTALL_INCLUDEDIR})
 
 install(EXPORT ckcheckTargets NAMESPACE ckcheck_internal:: DESTINATION ${CKCHECK_INSTALL_CMAKEDIR})

@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "ckcheck/model.h"
 #include "cli/app.h"
 #include "cli/common.h"
-#include "harness/errors.h"
-#include "harness/model.h"
+#include "harness/support/errors.h"
 
 namespace py = pybind11;
 
@@ -71,6 +71,16 @@ void watch_grads(const std::vector<Tensor>& ys, const std::shared_ptr<Checkpoint
     if (!y.defined() || !y.requires_grad()) continue;
     y.register_hook([observer, call](const Tensor& g) { observer->output_grads(call, {g}); });
   }
+}
+
+// Runs one call of a unit, told to the observer as the forward or as the recompute.
+std::vector<Tensor> observed_call(const SiteFn& fn, const std::vector<Tensor>& xs,
+                                  const std::shared_ptr<CheckpointObserver>& observer, const CheckpointCall& call,
+                                  bool recompute) {
+  if (observer) recompute ? observer->recompute_begin(call, xs, {}) : observer->forward_begin(call, xs);
+  auto ys = fn(xs);
+  if (observer) recompute ? observer->recompute_end(call, ys) : observer->forward_end(call, xs, ys);
+  return ys;
 }
 
 class PythonModel : public Model {
@@ -217,11 +227,7 @@ class PythonModel : public Model {
     auto inner = py::cpp_function([fn, observer, call, calls](py::args args) {
       std::vector<Tensor> xs;
       for (const auto& a : args) xs.push_back(a.cast<Tensor>());
-      const bool recompute = (*calls)++ > 0;
-      if (observer) recompute ? observer->recompute_begin(call, xs, {}) : observer->forward_begin(call, xs);
-      auto ys = fn(xs);
-      if (observer) recompute ? observer->recompute_end(call, ys) : observer->forward_end(call, xs, ys);
-      return py::tuple(py::cast(ys));
+      return py::tuple(py::cast(observed_call(fn, xs, observer, call, (*calls)++ > 0)));
     });
     auto ys = adapter_.attr("torch_checkpoint")(inner, inputs, checkpoint_ == "torch-reentrant", o.preserve_rng_state())
                   .cast<std::vector<Tensor>>();
@@ -238,9 +244,7 @@ class PythonModel : public Model {
     const CheckpointCall call = recompute ? stack.back() : CheckpointCall{o.name(), next_call_id()};
     if (recompute) stack.pop_back();
     if (!recompute) stack.push_back(call);
-    if (observer) recompute ? observer->recompute_begin(call, inputs, {}) : observer->forward_begin(call, inputs);
-    auto ys = fn(inputs);
-    if (observer) recompute ? observer->recompute_end(call, ys) : observer->forward_end(call, inputs, ys);
+    auto ys = observed_call(fn, inputs, observer, call, recompute);
     watch_grads(ys, observer, call);
     return ys;
   }

@@ -16,8 +16,8 @@
 #include <sstream>
 
 #include "checks/common.h"
-#include "harness/errors.h"
 #include "ckcheck/version.h"
+#include "harness/support/errors.h"
 
 
 namespace ckcheck {
@@ -88,6 +88,21 @@ std::string folder_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// A report into a file that does not exist yet: its folder must take it.
+ReportTarget new_file_target(ReportTarget t, const std::string& text, const std::string& path) {
+  const auto dir = folder_of(path);
+  if (access(dir.c_str(), W_OK) != 0) {
+    throw UsageError(fmt::format("--report {}: cannot write into folder '{}' ({}); create it or "
+                                 "choose another path",
+                                 text, dir, std::strerror(errno)));
+  }
+  // Its folder resolved, so that two spellings of one new file are one path.
+  char folder[PATH_MAX];
+  t.path = realpath(dir.c_str(), folder) ? std::string(folder) + "/" + path.substr(path.find_last_of('/') + 1) : path;
+  t.sink = ReportTarget::Sink::kFile;
+  return t;
+}
+
 }  // namespace
 
 ReportTarget parse_report_target(const std::string& text) {
@@ -107,21 +122,7 @@ ReportTarget parse_report_target(const std::string& text) {
     throw UsageError(fmt::format("--report {}: give a file path after '=' ('-' for standard output)", text));
   }
   struct stat link_st, st;
-  const bool exists = lstat(path.c_str(), &link_st) == 0;
-  if (!exists) {
-    // A new file: its folder must take it.
-    const auto dir = folder_of(path);
-    if (access(dir.c_str(), W_OK) != 0) {
-      throw UsageError(fmt::format("--report {}: cannot write into folder '{}' ({}); create it or "
-                                   "choose another path",
-                                   text, dir, std::strerror(errno)));
-    }
-    // Its folder resolved, so that two spellings of one new file are one path.
-    char folder[PATH_MAX];
-    t.path = realpath(dir.c_str(), folder) ? std::string(folder) + "/" + path.substr(path.find_last_of('/') + 1) : path;
-    t.sink = ReportTarget::Sink::kFile;
-    return t;
-  }
+  if (lstat(path.c_str(), &link_st) != 0) return new_file_target(t, text, path);
   if (stat(path.c_str(), &st) != 0) {
     throw UsageError(fmt::format("--report {}: '{}' is a symlink to a missing file ({}); remove it or choose another path",
                                  text, path, std::strerror(errno)));

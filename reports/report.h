@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "checks/check.h"
-#include "harness/compare.h"
+#include "harness/runner/compare.h"
 
 namespace ckcheck {
 

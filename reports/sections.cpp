@@ -4,7 +4,8 @@
 
 #include <cmath>
 
-#include "harness/bench.h"
+#include "harness/analyses/bench.h"
+#include "harness/support/text.h"
 
 namespace ckcheck {
 

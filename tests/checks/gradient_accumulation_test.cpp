@@ -4,19 +4,12 @@
 #include <gtest/gtest.h>
 
 #include "checks/check.h"
-#include "checks/session.h"
-#include "fixtures/registry.h"
+#include "tests/support/records.h"
 
 namespace ckcheck {
 namespace {
 
-struct Accumulated {
-  std::unique_ptr<Model> model = make_model("mlp", {}, 0);
-  Plan plan = Plan::make(*model, {}, Policy::parse("every:1"));
-  RunConfig config;
-  Tolerance tolerance;
-  RunRecords records;
-
+struct Accumulated : testing::HandBuiltRecords {
   // Two micro-batches; the checkpointed gradient of blocks.1.fc1.weight is off by `after_first`
   // after micro-batch 1 and by `in_sum` in the sum; its hook fires `fires` times in micro-batch 2.
   Accumulated(double after_first, double in_sum, int64_t fires = 1) {
@@ -33,18 +26,10 @@ struct Accumulated {
     }
   }
 
-  CheckResult run() {
-    const auto diffs = compare_records(records.reference, records.checkpointed, tolerance);
-    CheckContext ctx{*model, plan, config, tolerance, records, diffs};
-    return make_gradient_accumulation_check()->run(ctx);
-  }
+  CheckResult run() const { return HandBuiltRecords::run(*make_gradient_accumulation_check()); }
 };
 
-std::vector<Cause> causes_of(const CheckResult& r) {
-  std::vector<Cause> out;
-  for (const auto& f : r.findings) out.push_back(f.cause);
-  return out;
-}
+using testing::causes_of;
 
 TEST(GradientAccumulationCheck, ASumThatDiffersOnlyAfterTheFirstMicroBatchIsAccumulatedGrad) {
   const auto r = Accumulated(0.0, 0.5).run();

@@ -4,19 +4,12 @@
 #include <gtest/gtest.h>
 
 #include "checks/check.h"
-#include "checks/session.h"
-#include "fixtures/registry.h"
+#include "tests/support/records.h"
 
 namespace ckcheck {
 namespace {
 
-struct Records {
-  std::unique_ptr<Model> model = make_model("mlp", {}, 0);
-  Plan plan = Plan::make(*model, {}, Policy::parse("every:1"));
-  RunConfig config;
-  Tolerance tolerance;
-  RunRecords records;
-
+struct Records : testing::HandBuiltRecords {
   // Reference and checkpointed steps that agree on the loss; the checkpointed gradient of
   // "w" is the reference's plus `delta` at one element. A recomputed call per unit, each of which
   // reproduced its forward's output (the first one, or not).
@@ -40,11 +33,7 @@ struct Records {
     }
   }
 
-  CheckResult run() {
-    const auto diffs = compare_records(records.reference, records.checkpointed, tolerance);
-    CheckContext ctx{*model, plan, config, tolerance, records, diffs};
-    return make_gradients_check()->run(ctx);
-  }
+  CheckResult run() const { return HandBuiltRecords::run(*make_gradients_check()); }
 };
 
 bool has_cause(const CheckResult& r, Cause c) {

@@ -5,8 +5,8 @@
 
 #include "checks/check.h"
 #include "fixtures/registry.h"
-#include "harness/errors.h"
-#include "harness/runner.h"
+#include "harness/runner/runner.h"
+#include "harness/support/errors.h"
 #include "tests/support/run_case.h"
 
 namespace ckcheck {

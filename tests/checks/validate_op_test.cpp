@@ -2,12 +2,12 @@
 // input, and drawing random numbers from the default generator (safe with the RNG replayed).
 #include <fmt/ranges.h>
 
-#include "checks/validate_op.h"
+#include "harness/analyses/validate_op.h"
 
 #include <gtest/gtest.h>
 
 #include "ckcheck_test_ops_path.h"
-#include "harness/errors.h"
+#include "harness/support/errors.h"
 
 namespace ckcheck {
 namespace {

@@ -1,14 +1,15 @@
 // ckcheck bench: the analytic memory, the recommendation logic on given measurements, and the
 // measurement's deterministic parts (allocation sizes, never timings).
 #include <set>
-#include "harness/bench.h"
+#include "harness/analyses/bench.h"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 
 #include "fixtures/registry.h"
-#include "harness/errors.h"
+#include "harness/support/errors.h"
+#include "harness/support/text.h"
 
 namespace ckcheck {
 namespace {

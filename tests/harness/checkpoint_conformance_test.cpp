@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "harness/checkpoint.h"
-#include "harness/memory.h"
+#include "ckcheck/checkpoint.h"
+#include "harness/support/memory.h"
 #include "tests/support/support.h"
 
 namespace ckcheck {

@@ -1,11 +1,11 @@
-#include "harness/checkpoint.h"
+#include "ckcheck/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <torch/torch.h>
 
-#include "harness/global_state.h"
+#include "harness/support/global_state.h"
 #include "tests/support/support.h"
 
 namespace ckcheck {

@@ -1,4 +1,4 @@
-#include "harness/compare.h"
+#include "harness/runner/compare.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/errors.h"
+#include "harness/support/errors.h"
 
 namespace ckcheck {
 namespace {

@@ -5,11 +5,11 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
-#include "checks/session.h"
+#include "ckcheck/checkpoint.h"
 #include "fixtures/registry.h"
-#include "harness/checkpoint.h"
-#include "harness/global_state.h"
-#include "harness/memory.h"
+#include "harness/analyses/session.h"
+#include "harness/support/global_state.h"
+#include "harness/support/memory.h"
 #include "tests/support/support.h"
 
 namespace ckcheck {

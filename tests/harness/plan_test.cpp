@@ -1,10 +1,10 @@
-#include "harness/plan.h"
+#include "harness/runner/plan.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
 #include "fixtures/registry.h"
-#include "harness/errors.h"
+#include "harness/support/errors.h"
 
 namespace ckcheck {
 namespace {

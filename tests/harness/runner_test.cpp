@@ -1,4 +1,4 @@
-#include "harness/runner.h"
+#include "harness/runner/runner.h"
 
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>

@@ -1,6 +1,6 @@
 // TorchScript models: scripted modules built and saved here in C++ (so CI needs no Python), then
 // checked end to end through the CLI.
-#include "harness/torchscript_model.h"
+#include "harness/model/torchscript_model.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -10,8 +10,8 @@
 #include <fstream>
 
 #include "cli/app.h"
-#include "harness/errors.h"
-#include "harness/plan.h"
+#include "harness/runner/plan.h"
+#include "harness/support/errors.h"
 #include "tests/support/support.h"
 
 namespace ckcheck {

@@ -1,0 +1,101 @@
+// ckcheck bench: the memory and time of each checkpoint policy, beside the analytic activation
+// memory, and the policy to use. The field guide's advice -- measure peak memory and step time,
+// tighten while memory is short, loosen while there is room, expect 20-40 % slowdown, suspect
+// anything over 50 % -- done for the user.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/runner/plan.h"
+#include "harness/runner/runner.h"
+
+namespace ckcheck {
+
+struct PolicyBench {
+  std::string policy;
+  std::vector<std::string> checkpointed;
+  Measurement measurement;
+  std::optional<double> analytic_bytes;  // activation memory the formula predicts
+  double time_median_s = 0, time_min_s = 0, time_max_s = 0, forward_median_s = 0;
+  /// Step time against `none`'s, measured interleaved: the ratio of the means of the fastest 30% of steps and its 95%
+  /// bootstrap interval (see fast_ratio; 1, 1, 1 for none itself).
+  double time_ratio = 1, time_ratio_low = 1, time_ratio_high = 1;
+  /// Step-to-step spread of the wall-clock step time: standard deviation over mean.
+  double time_spread = 0;
+  /// The same ratio on the process's CPU time, and on instructions where they are counted.
+  double cpu_ratio = 1, cpu_ratio_low = 1, cpu_ratio_high = 1;
+  std::optional<double> instructions_ratio;
+  double cpu_median_s = 0;
+  bool fits = true;
+  std::string note;  // why it was not measured, or what stopped it
+  bool measured() const { return note.empty() || !measurement.step_seconds.empty(); }
+};
+
+struct BenchOptions {
+  std::vector<std::string> policies;  // policy strings; empty: the default list
+  int64_t warmup = 2;
+  int64_t steps = 10;  // measured rounds: one step of every policy per round, interleaved
+  /// When a policy that does more work than none measures faster than none beyond the noise,
+  /// more rounds are measured, until this many seconds of measuring have passed.
+  double time_budget_s = 60;
+  int64_t memory_budget_bytes = -1;  // total for the step (baseline + peak); -1: none
+  double max_overhead = 0.5;         // the field guide's line between acceptable and too fine
+  /// Called before each policy is measured (for a progress bar).
+  std::function<void(size_t index, size_t total, const std::string& policy)> progress;
+};
+
+struct BenchResult {
+  std::string device;
+  int64_t baseline_bytes = 0;   // parameters, gradients and inputs
+  int64_t parameter_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t adam_state_bytes = 0;  // what Adam's two fp32 moments would add
+  int64_t memory_budget_bytes = -1;
+  double max_overhead = 0.5;
+  std::string formula;
+  std::vector<PolicyBench> policies;
+  int64_t rounds = 0;        // measured rounds, extra ones included
+  std::string clock;         // which clock each time figure uses
+  bool too_noisy = false;    // time could not be trusted: only the memory verdict stands
+  std::string recommendation;
+  std::string reason;
+  std::vector<std::string> warnings;
+};
+
+/// The policies `ckcheck bench` measures when none are given.
+const std::vector<std::string>& default_bench_policies();
+
+/// Peak activation memory the model's formula predicts under a plan: the forward keeps the
+/// activations of sites that are not checkpointed and the inputs of those that are; the backward,
+/// walking back, rebuilds one checkpointed unit at a time on top of what the sites before it
+/// keep. Every block checkpointed gives n*x + A. Empty when the model has no formula.
+std::optional<double> analytic_activation_bytes(const Model& model, const Plan& plan, int element_bytes);
+
+/// Measures every policy through the runner: each one's warm-up, then the measured steps
+/// round-robin (one step of each policy per round, in an order rotated every round), so that every
+/// policy sees the same slice of the machine's load. `none` is always measured, as the reference
+/// of the ratios. Policies given explicitly must apply to the model (UsageError otherwise);
+/// default ones that do not are listed with a note.
+BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options);
+
+/// How much slower `num`'s steps are than `den`'s: the ratio of the means of their fastest 30% of steps, with a 95%
+/// bootstrap interval (fixed seed: the same samples give the same interval). Other processes only
+/// ever add time to a step, so the fastest steps estimate the step on a quiet machine far more
+/// stably than a mean or median does. {ratio, low, high}; {1, 1, 1} for identical samples.
+std::array<double, 3> fast_ratio(const std::vector<double>& num, const std::vector<double>& den);
+
+/// The recommendation and warnings, from the measurements (run_bench calls it). Time differences
+/// within the ratios' intervals do not rank policies: memory decides between them.
+void recommend(BenchResult& result);
+
+/// The bench fields of the JSON report (device, baseline_bytes, policies, recommendation,
+/// warnings, ...).
+nlohmann::json bench_json(const BenchResult& result);
+
+}  // namespace ckcheck

@@ -1,0 +1,435 @@
+#include "harness/analyses/diagnose.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <set>
+
+#include "checks/common.h"
+#include "checks/evidence.h"
+
+namespace ckcheck {
+namespace {
+
+using Unit = std::vector<std::string>;
+
+// Output copies are kept for the op diff up to this many bytes (the traced run is one step of
+// the model the user is already running; 256 MiB bounds it on a large one).
+constexpr int64_t kValueBudget = 256ll << 20;
+
+// Ops whose output contents say nothing when read as the op ends: uninitialised memory, and
+// views and aliases, which may look at a buffer that the op calling them has yet to fill (mm's
+// resolve_conj of its result) and otherwise repeat what their base already showed.
+bool contents_uninformative(const std::string& name) {
+  static const std::set<std::string> views = {
+      "aten::resolve_conj", "aten::resolve_neg", "aten::as_strided", "aten::as_strided_",
+      "aten::view",         "aten::_unsafe_view", "aten::reshape",   "aten::_reshape_alias",
+      "aten::t",            "aten::transpose",    "aten::permute",   "aten::expand",
+      "aten::select",       "aten::slice",        "aten::narrow",    "aten::detach",
+      "aten::alias",        "aten::squeeze",      "aten::unsqueeze", "aten::view_as",
+      "aten::expand_as",    "aten::unbind",       "aten::split",     "aten::chunk",
+      "aten::diagonal",     "aten::unfold",       "aten::flatten",   "aten::lift_fresh"};
+  return name.find("empty") != std::string::npos || name == "aten::resize_" ||
+         name == "aten::set_" || views.count(name) > 0;
+}
+
+std::string join_shapes(const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<std::string> parts;
+  for (const auto& s : shapes) parts.push_back(fmt::format("[{}]", fmt::join(s, ",")));
+  return fmt::format("{}", fmt::join(parts, " "));
+}
+
+OpView view_of(const OpRecord& r, int64_t index) {
+  return {index, r.name, r.depth, r.site, join_shapes(r.shapes), fmt::format("{}", fmt::join(r.dtypes, ",")), r.autocast};
+}
+
+// What differs between two ops at the same position ("" when nothing does).
+std::string difference(const OpRecord& a, const OpRecord& b) {
+  if (a.name != b.name) return "name";
+  if (a.shapes != b.shapes) return "shape";
+  if (a.dtypes != b.dtypes) return "dtype";
+  if (a.autocast != b.autocast) return "autocast";
+  if (!contents_uninformative(a.name) && a.fingerprints != b.fingerprints) return "values";
+  return "";
+}
+
+class Bisector {
+ public:
+  Bisector(Runner& runner, const Plan& plan, const Tolerance& tolerance, const StepRecord& reference)
+      : runner_(runner), plan_(plan), tolerance_(tolerance), reference_(reference) {}
+
+  bool diverges(const std::vector<Unit>& units) {
+    Plan p = plan_;
+    p.units = units;
+    StepOptions o;
+    o.evidence = false;
+    const auto rec = runner_.run(&p, o, "bisection");
+    ++runs;
+    if (!rec.error.empty()) return true;
+    for (const auto& d : compare_records(reference_, rec, tolerance_)) {
+      if (!d.equal) return true;
+    }
+    return false;
+  }
+
+  // Every unit that diverges on its own, by halves.
+  void find(const std::vector<Unit>& units, std::vector<Unit>& out) {
+    if (units.empty() || !diverges(units)) return;
+    if (units.size() == 1) {
+      out.push_back(units[0]);
+      return;
+    }
+    const auto mid = units.begin() + static_cast<int64_t>(units.size() / 2);
+    find({units.begin(), mid}, out);
+    find({mid, units.end()}, out);
+  }
+
+  // A 1-minimal diverging subset, for divergence that needs several units together.
+  std::vector<Unit> minimise(std::vector<Unit> units) {
+    for (size_t i = 0; i < units.size() && units.size() > 1;) {
+      auto without = units;
+      without.erase(without.begin() + static_cast<int64_t>(i));
+      if (diverges(without)) {
+        units = without;
+      } else {
+        ++i;
+      }
+    }
+    return units;
+  }
+
+  int64_t runs = 0;
+
+ private:
+  Runner& runner_;
+  const Plan& plan_;
+  const Tolerance& tolerance_;
+  const StepRecord& reference_;
+};
+
+// Cause of a unit from the check results, or from the evidence.
+SiteDiagnosis classify(const std::string& site, const RunOutcome& outcome,
+                       const std::vector<SiteExplanation>& explained) {
+  SiteDiagnosis s;
+  s.site = site;
+  const auto& hazards = hazard_check_ids();
+  for (const auto& r : outcome.results) {
+    if (std::find(hazards.begin(), hazards.end(), r.id) == hazards.end() || r.status != Status::kFail) continue;
+    for (const auto& f : r.findings) {
+      if (f.site == site) {
+        s.cause = f.cause;
+        s.evidence = f.message;
+        s.hint = f.hint;
+        return s;
+      }
+    }
+  }
+  for (const auto& e : explained) {
+    if (e.site == site) {
+      s.cause = e.cause;
+      s.evidence = e.evidence;
+      s.hint = fix_hint(e.cause);
+      return s;
+    }
+  }
+  for (const auto& r : outcome.results) {
+    for (const auto& f : r.findings) {
+      if (f.site == site && f.cause != Cause::kVacuous) {
+        s.cause = f.cause;
+        s.evidence = f.message;
+        s.hint = f.hint;
+        return s;
+      }
+    }
+  }
+  s.evidence = "checkpointing this site changes the result, and no check names a more specific cause";
+  s.hint = fix_hint(s.cause);
+  return s;
+}
+
+// The first op, in order, whose output holds NaN (or, when none does, Inf), descending to the
+// innermost op that produced it.
+NanOrigin nan_origin(const std::vector<OpRecord>& ops) {
+  NanOrigin o;
+  for (bool want_nan : {true, false}) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const bool hit = want_nan ? ops[i].nan : ops[i].nonfinite;
+      if (!hit) continue;
+      size_t at = i;
+      // Descend: the first child (an op nested directly in it) with the same defect.
+      for (bool moved = true; moved;) {
+        moved = false;
+        for (size_t j = at + 1; j < ops.size() && ops[j].depth > ops[at].depth; ++j) {
+          if (ops[j].depth == ops[at].depth + 1 && (want_nan ? ops[j].nan : ops[j].nonfinite)) {
+            at = j;
+            moved = true;
+            break;
+          }
+        }
+      }
+      o.found = true;
+      o.phase = phase_name(ops[at].phase);
+      o.op = ops[at].name;
+      o.site = ops[at].site;
+      o.node = ops[at].node;
+      o.index = ops[at].index;
+      return o;
+    }
+  }
+  return o;
+}
+
+// The ops of one checkpointed call in its forward and in its recompute, in order.
+struct CallOps {
+  std::vector<const OpRecord*> forward, recompute;
+};
+
+CallOps ops_of_call(const StepRecord& rec, const std::string& site, int64_t& call) {
+  call = -1;
+  for (const auto& c : rec.calls) {
+    if (c.site == site) {
+      call = c.call;
+      break;
+    }
+  }
+  CallOps ops;
+  for (const auto& op : rec.ops) {
+    if (op.call != call || call < 0) continue;
+    // A checkpoint's own bookkeeping (PyTorch's detaches its inputs for the recompute) changes
+    // no value: it is not the model's computation.
+    if (op.name == "aten::detach" || op.name == "detach") continue;
+    if (op.phase == Phase::kForward) ops.forward.push_back(&op);
+    if (op.phase == Phase::kRecompute) ops.recompute.push_back(&op);
+  }
+  return ops;
+}
+
+// Where the values first differ: the largest difference, and the innermost op that differs first.
+void describe_value_difference(const CallOps& ops, size_t first, OpDiff& d) {
+  const auto& fwd = ops.forward;
+  const auto& rec = ops.recompute;
+  const size_t n = std::min(fwd.size(), rec.size());
+  const auto& a = fwd[first]->values;
+  const auto& b = rec[first]->values;
+  for (size_t k = 0; k < a.size() && k < b.size(); ++k) {
+    d.max_abs = std::max(d.max_abs, compare_tensors(a[k], b[k], Tolerance()).max_abs);
+  }
+  // Innermost: follow the first differing child down.
+  size_t at = first;
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (size_t j = at + 1; j < n && fwd[j]->depth > fwd[at]->depth; ++j) {
+      if (fwd[j]->depth == fwd[at]->depth + 1 && !difference(*fwd[j], *rec[j]).empty()) {
+        at = j;
+        moved = true;
+        break;
+      }
+    }
+  }
+  if (at != first && fwd[at]->name != fwd[first]->name) d.innermost = fwd[at]->name;
+}
+
+// The ops around the first difference, side by side.
+void add_context(const CallOps& ops, size_t first, OpDiff& d) {
+  const auto& fwd = ops.forward;
+  const auto& rec = ops.recompute;
+  const size_t lo = first >= 3 ? first - 3 : 0;
+  for (size_t i = lo; i < first + 4 && (i < fwd.size() || i < rec.size()); ++i) {
+    OpView f = i < fwd.size() ? view_of(*fwd[i], static_cast<int64_t>(i)) : OpView{};
+    OpView r = i < rec.size() ? view_of(*rec[i], static_cast<int64_t>(i)) : OpView{};
+    d.context.emplace_back(f, r);
+    d.context_same.push_back(i < fwd.size() && i < rec.size() && difference(*fwd[i], *rec[i]).empty());
+  }
+}
+
+std::optional<OpDiff> op_diff(Runner& runner, const Plan& plan, const Unit& unit) {
+  Plan p = plan;
+  p.units = {unit};
+  StepOptions o;
+  o.trace = TraceLevel::kFull;
+  o.value_budget_bytes = kValueBudget;
+  // Let the step go on where the checkpoint would refuse a changed input: the diff then shows
+  // what the recompute would have computed.
+  o.check_input_versions = false;
+  const auto rec = runner.run(&p, o, "diagnosis");
+  OpDiff d;
+  d.site = Plan::unit_label(unit);
+  int64_t call = -1;
+  const auto ops = ops_of_call(rec, d.site, call);
+  const auto& fwd = ops.forward;
+  const auto& rec_ops = ops.recompute;
+  d.forward_ops = static_cast<int64_t>(fwd.size());
+  d.recompute_ops = static_cast<int64_t>(rec_ops.size());
+  if (call < 0 || fwd.empty()) {
+    d.note = rec.error.empty() ? "the site ran no op in its forward" : "the traced step failed: " + rec.error;
+    return d;
+  }
+  if (rec_ops.empty()) {
+    d.note = rec.error.empty() ? "no gradient reached the site, so it was not recomputed"
+                               : "the recompute did not run: " + rec.error;
+    return d;
+  }
+  const size_t n = std::min(fwd.size(), rec_ops.size());
+  size_t first = n;
+  for (size_t i = 0; i < n && first == n; ++i) {
+    d.what = difference(*fwd[i], *rec_ops[i]);
+    if (!d.what.empty()) first = i;
+  }
+  if (first == n) {
+    if (fwd.size() == rec_ops.size()) {
+      d.what.clear();
+      d.note = "the forward and the recompute ran the same ops with the same outputs";
+      return d;
+    }
+    d.what = "count";
+  }
+  d.index = static_cast<int64_t>(first);
+  if (first < fwd.size()) d.forward = view_of(*fwd[first], static_cast<int64_t>(first));
+  if (first < rec_ops.size()) d.recompute = view_of(*rec_ops[first], static_cast<int64_t>(first));
+  if (d.what == "values") describe_value_difference(ops, first, d);
+  // A recompute op without outputs, last before the step failed: the op threw.
+  if (!rec.error.empty() && first < rec_ops.size() && first + 1 == rec_ops.size() &&
+      rec_ops[first]->shapes.empty() && first < fwd.size() && !fwd[first]->shapes.empty()) {
+    d.what = "error";
+    d.note = "the recompute stopped at this op: " + rec.error;
+  }
+  add_context(ops, first, d);
+  return d;
+}
+
+nlohmann::json view_json(const OpView& v) {
+  if (v.index < 0) return nullptr;
+  return {{"index", v.index}, {"name", v.name},     {"depth", v.depth},     {"site", v.site},
+          {"shapes", v.shapes}, {"dtypes", v.dtypes}, {"autocast", v.autocast}};
+}
+
+nlohmann::json nan_json(const NanOrigin& o) {
+  if (!o.found) return nullptr;
+  return {{"phase", o.phase}, {"op", o.op}, {"site", o.site}, {"node", o.node}, {"index", o.index}};
+}
+
+}  // namespace
+
+nlohmann::json diagnosis_json(const Diagnosis& d) {
+  nlohmann::json j;
+  j["diverges"] = d.diverges;
+  j["non_finite"] = d.non_finite;
+  j["summary"] = d.summary;
+  j["sites"] = nlohmann::json::array();
+  for (const auto& s : d.sites) {
+    j["sites"].push_back({{"site", s.site}, {"cause", cause_name(s.cause)}, {"evidence", s.evidence}, {"hint", s.hint}});
+  }
+  j["interaction"] = d.interaction;
+  j["bisection_runs"] = d.bisection_runs;
+  if (d.op_diff) {
+    const auto& o = *d.op_diff;
+    nlohmann::json od = {{"site", o.site},           {"index", o.index},
+                         {"what", o.what},           {"innermost", o.innermost},
+                         {"max_abs", o.max_abs},     {"forward", view_json(o.forward)},
+                         {"recompute", view_json(o.recompute)}, {"forward_ops", o.forward_ops},
+                         {"recompute_ops", o.recompute_ops}, {"note", o.note}};
+    od["context"] = nlohmann::json::array();
+    for (size_t i = 0; i < o.context.size(); ++i) {
+      od["context"].push_back({{"forward", view_json(o.context[i].first)},
+                               {"recompute", view_json(o.context[i].second)},
+                               {"same", o.context_same[i]}});
+    }
+    j["first_divergent_op"] = od;
+  } else {
+    j["first_divergent_op"] = nullptr;
+  }
+  j["nan_origin"] = {{"reference", nan_json(d.nan_reference)},
+                     {"checkpointed", nan_json(d.nan_checkpointed)},
+                     {"without_checkpointing", d.nan_reference.found},
+                     {"introduced_by_checkpointing", d.nan_checkpointed.found && !d.nan_reference.found}};
+  return j;
+}
+
+namespace {
+
+// Which checkpointed units change the result: bisection over the plan, or, when two plain steps
+// already differ, the units the determinism probe named.
+void find_culprits(Runner& runner, const Plan& plan, const Tolerance& tolerance, const RunOutcome& outcome,
+                   Diagnosis& d) {
+  CheckContext ctx{runner.model(), plan, runner.config(), tolerance, outcome.records, outcome.diffs};
+  const auto explained = explain_sites(ctx);
+  Bisector b(runner, plan, tolerance, outcome.records.reference);
+  std::vector<Unit> culprits;
+  const bool unstable = b.diverges({});
+  if (unstable) {
+    // Even two plain steps differ: the model is not repeatable, so bisecting over checkpointing
+    // would blame every site. The probe's findings say which sites are.
+    for (const auto& r : outcome.results) {
+      if (r.id != "determinism") continue;
+      for (const auto& f : r.findings) {
+        for (const auto& u : plan.units) {
+          if (Plan::unit_label(u) == f.site) culprits.push_back(u);
+        }
+      }
+    }
+  } else {
+    b.find(plan.units, culprits);
+    if (culprits.empty() && b.diverges(plan.units)) {
+      culprits = b.minimise(plan.units);
+      d.interaction = culprits.size() > 1;
+    }
+  }
+  d.bisection_runs = b.runs;
+  for (const auto& u : culprits) d.sites.push_back(classify(Plan::unit_label(u), outcome, explained));
+  if (!culprits.empty()) d.op_diff = op_diff(runner, plan, culprits.front());
+  if (unstable) {
+    d.summary = "two plain steps already differ: the model is not repeatable without checkpointing";
+    if (!d.sites.empty()) d.summary += fmt::format("; {} does not repeat ({})", d.sites.front().site, cause_name(d.sites.front().cause));
+  }
+}
+
+std::string summary_of(const Diagnosis& d) {
+  std::vector<std::string> parts;
+  if (!d.diverges && !d.non_finite) parts.push_back("nothing diverges: the checkpointed step equals the plain step");
+  if (!d.sites.empty()) {
+    std::vector<std::string> names;
+    for (const auto& s : d.sites) names.push_back(fmt::format("{} ({})", s.site, cause_name(s.cause)));
+    parts.push_back(fmt::format("checkpointing {} changes the result{}", fmt::join(names, ", "),
+                                d.interaction ? ", but only together" : ""));
+  } else if (d.diverges) {
+    parts.push_back("the checkpointed step differs, but no checkpointed site does on its own");
+  }
+  if (d.op_diff && d.op_diff->index >= 0) {
+    const auto& o = *d.op_diff;
+    parts.push_back(fmt::format("first divergent op: {} (op {} of {}, {}){}", o.forward.index >= 0 ? o.forward.name : o.recompute.name,
+                                o.index, o.site, o.what, o.innermost.empty() ? "" : ", inside it " + o.innermost));
+  }
+  if (d.nan_reference.found || d.nan_checkpointed.found) {
+    const auto& n = d.nan_reference.found ? d.nan_reference : d.nan_checkpointed;
+    parts.push_back(fmt::format("NaN/Inf first from {} at {} in the {}{}", n.op, n.site.empty() ? "(outside any site)" : n.site,
+                                n.phase, d.nan_reference.found ? "; it exists without checkpointing too"
+                                                               : "; checkpointing introduced it"));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+}  // namespace
+
+Diagnosis diagnose(Runner& runner, const Plan& plan, const Tolerance& tolerance,
+                   const RunOutcome& outcome) {
+  Diagnosis d;
+  for (const auto& t : outcome.diffs) {
+    d.diverges = d.diverges || !t.equal;
+    d.non_finite = d.non_finite || t.nonfinite_reference > 0 || t.nonfinite_checkpointed > 0;
+  }
+  d.diverges = d.diverges || !outcome.records.checkpointed.error.empty();
+  if (d.diverges) find_culprits(runner, plan, tolerance, outcome, d);
+  if (d.non_finite) {
+    StepOptions o;
+    o.evidence = false;
+    o.trace = TraceLevel::kFull;
+    d.nan_reference = nan_origin(runner.run(nullptr, o, "reference, traced").ops);
+    o.evidence = true;
+    d.nan_checkpointed = nan_origin(runner.run(&plan, o, "checkpointed, traced").ops);
+  }
+  if (d.summary.empty()) d.summary = summary_of(d);
+  return d;
+}
+
+}  // namespace ckcheck

@@ -1,0 +1,77 @@
+#include "harness/analyses/session.h"
+
+#include <algorithm>
+#include <set>
+
+namespace ckcheck {
+
+std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepRecord& checkpointed,
+                                        const Tolerance& tolerance) {
+  std::vector<TensorDiff> diffs;
+  std::set<std::tuple<std::string, std::string, int64_t>> seen;
+  for (const auto& t : reference.tensors) {
+    const auto* other = checkpointed.find(t.name, t.kind, t.step);
+    TensorDiff d;
+    // A tensor the checkpointed step did not record (it may have stopped) is missing there.
+    d = compare_tensors(t.value, other ? other->value : torch::Tensor(), tolerance);
+    if (!other && !t.value.defined()) {
+      d.equal = false;
+      d.missing = "checkpointed";
+    }
+    d.name = t.name;
+    d.kind = t.kind;
+    d.step = t.step;
+    seen.insert({t.name, t.kind, t.step});
+    diffs.push_back(d);
+  }
+  for (const auto& t : checkpointed.tensors) {
+    if (seen.count({t.name, t.kind, t.step}) || !reference.error.empty()) continue;
+    TensorDiff d = compare_tensors(torch::Tensor(), t.value, tolerance);
+    d.name = t.name;
+    d.kind = t.kind;
+    d.step = t.step;
+    diffs.push_back(d);
+  }
+  return diffs;
+}
+
+RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
+                      const std::vector<std::unique_ptr<Check>>& checks, double amp_error_factor,
+                      double max_overhead, const std::function<void(RunRecords&)>& after_records) {
+  Needs needs;
+  for (const auto& c : checks) needs |= c->needs();
+  RunOutcome out;
+  out.records = runner.run_all(plan, needs);
+  if (after_records) after_records(out.records);
+  out.diffs = compare_records(out.records.reference, out.records.checkpointed, tolerance);
+  // When the checkpointed step differs, is the plain step itself repeatable? If two plain steps
+  // from the same restored state differ, checkpointing is not to blame. (One process only: ranks
+  // would have to repeat in lockstep.)
+  const bool differs = std::any_of(out.diffs.begin(), out.diffs.end(), [](const TensorDiff& d) { return !d.equal; });
+  if (differs && out.records.reference.error.empty() && out.records.checkpointed.error.empty() &&
+      runner.config().data_parallel == nullptr) {
+    StepOptions plain;
+    plain.evidence = false;
+    const auto again = runner.run(nullptr, plain, "reference-repeat");
+    std::vector<std::string> names;
+    for (const auto& d : compare_records(out.records.reference, again, tolerance)) {
+      if (!d.equal) names.push_back(d.name);
+    }
+    out.records.plain_not_repeated = names;
+  }
+  CheckContext ctx{runner.model(), plan,      runner.config(), tolerance,
+                   out.records,    out.diffs, amp_error_factor, max_overhead};
+  for (const auto& c : checks) out.results.push_back(c->run(ctx));
+  return out;
+}
+
+std::string verdict_of(const std::vector<CheckResult>& results) {
+  bool error = false;
+  for (const auto& r : results) {
+    if (r.status == Status::kFail) return "fail";
+    error = error || r.status == Status::kError;
+  }
+  return error ? "error" : "pass";
+}
+
+}  // namespace ckcheck

@@ -1,0 +1,161 @@
+// The Model interface: what ckcheck needs from a model, whether it is a built-in fixture, a
+// TorchScript file or a user's C++ module.
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckcheck/checkpoint.h"
+
+namespace ckcheck {
+
+using SiteFn = TensorsFn;
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+/// How a model's forward calls its checkpoint sites. The runner behind it decides, per site,
+/// whether the call is plain or checkpointed; the model does not know.
+class SiteRunner {
+ public:
+  virtual ~SiteRunner() = default;
+
+  /// Calls `fn(inputs)` as the site `site` (a module path such as "blocks.3.attn").
+  virtual std::vector<torch::Tensor> call(const std::string& site, const SiteFn& fn,
+                                          const std::vector<torch::Tensor>& inputs) = 0;
+
+  /// One-tensor form of call().
+  torch::Tensor call(const std::string& site, const TensorFn& fn, const torch::Tensor& x);
+
+  /// Runs consecutive sites as a chain, x -> fns[0] -> fns[1] -> ... A plan may checkpoint a run
+  /// of several of them as one segment (the `segments:N` policy); by default each is call()ed.
+  virtual torch::Tensor chain(const std::vector<std::string>& sites,
+                              const std::vector<TensorFn>& fns, const torch::Tensor& x);
+
+  /// True when this forward checkpoints some unit: a model that checkpoints itself (its own
+  /// switch, as Hugging Face's gradient_checkpointing_enable) turns its switch on then.
+  virtual bool checkpointing() const { return false; }
+};
+
+/// Calls every site plainly: the reference run.
+class PlainSiteRunner : public SiteRunner {
+ public:
+  using SiteRunner::call;
+  std::vector<torch::Tensor> call(const std::string& site, const SiteFn& fn,
+                                  const std::vector<torch::Tensor>& inputs) override {
+    return fn(inputs);
+  }
+};
+
+/// All the state of a model that a step can change, by name: parameters, buffers and anything
+/// else the model holds (a private generator's state, a counter kept in a member).
+struct ModelState {
+  NamedTensors tensors;
+  /// Attributes that are not tensors of the model's own (numbers, flags, containers, tensors held
+  /// as plain attributes), deep copies by name, for models that have them (TorchScript).
+  std::vector<std::pair<std::string, c10::IValue>> values;
+};
+
+/// What a piece of model state is, as records and findings name it.
+namespace state_kind {
+constexpr const char* kBuffer = "buffer";              // a registered buffer
+constexpr const char* kTensorAttribute = "attribute";  // a tensor kept as a plain attribute
+constexpr const char* kScalarAttribute = "scalar";     // a number, flag or string attribute
+constexpr const char* kMode = "mode";                  // a module's training flag
+constexpr const char* kExtra = "extra";                // other state a C++ model declares
+}  // namespace state_kind
+/// True for the record kinds above (state compared after the step by the buffers check).
+bool is_state_kind(const std::string& kind);
+/// "buffer", "tensor attribute", "scalar attribute", "training flag", "state": for messages.
+std::string state_kind_words(const std::string& kind);
+/// The name a report shows for a state tensor: extra state without its leading '@'.
+std::string state_display_name(const std::string& name);
+
+/// Analytic activation memory of one site, in bytes.
+struct SiteMemory {
+  double stored = 0.0;  // what the site's forward keeps for its backward
+  double input = 0.0;   // its input: what a checkpoint keeps instead
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual std::string name() const = 0;
+
+  /// Every checkpoint site, in the order the forward first reaches it; an outer site comes before
+  /// the sites nested in it (blocks.0, blocks.0.attn, blocks.0.ffn, blocks.1, ...).
+  virtual std::vector<std::string> sites() const = 0;
+
+  /// The sites checkpoints go to by default: the model's own blocks.
+  virtual std::vector<std::string> default_sites() const = 0;
+
+  /// The sites the forward runs through SiteRunner::chain, in order; empty when it has none.
+  virtual std::vector<std::string> chain_sites() const { return {}; }
+
+  /// Why a site cannot be checkpointed ("" when it can), e.g. a submodule that takes non-tensor
+  /// arguments. Plan::make refuses plans that checkpoint such a site.
+  virtual std::string site_problem(const std::string& site) const { return ""; }
+
+  /// The inputs of one step, the same for the same seed.
+  virtual std::vector<torch::Tensor> make_inputs(uint64_t seed) = 0;
+
+  /// One forward pass; every site is called through `sites`.
+  virtual std::vector<torch::Tensor> forward(const std::vector<torch::Tensor>& inputs,
+                                             SiteRunner& sites) = 0;
+
+  virtual NamedTensors named_parameters() = 0;
+  virtual NamedTensors named_buffers() = 0;
+
+  /// The buffers that belong to a site (its module and the modules inside it).
+  virtual std::vector<torch::Tensor> site_buffers(const std::string& site);
+
+  /// Moves parameters, buffers and inputs to a device.
+  virtual void to(const torch::Device& device) = 0;
+  virtual torch::Device device() const = 0;
+
+  /// The state a step may change besides the parameters: buffers and extra state, live (not
+  /// copies).
+  virtual NamedTensors state_tensors();
+
+  /// The record kind of a state tensor named by state_tensors() (a state_kind:: value).
+  virtual std::string state_kind_of(const std::string& name) const;
+
+  /// Module paths whose training flag is off (eval mode), for reports.
+  virtual std::vector<std::string> eval_modules() const { return {}; }
+
+  /// A copy of all state, and putting it back. Extra state (extra_state()) is included.
+  virtual ModelState snapshot();
+  virtual void restore(const ModelState& state);
+
+  /// Analytic activation memory per site for activations of `element_bytes` bytes (4 in fp32, 2
+  /// under 16-bit autocast); empty when the model has no formula.
+  virtual std::map<std::string, SiteMemory> analytic_memory(int element_bytes) const { return {}; }
+  /// Where the formula comes from, for reports.
+  virtual std::string analytic_formula() const { return ""; }
+
+  /// The checkpoint under test, applied to each checkpointed unit: ckcheck::checkpoint by
+  /// default; a Python model may be checked with torch.utils.checkpoint instead. It must call
+  /// `options.observer()` as ckcheck::checkpoint does.
+  virtual std::vector<torch::Tensor> checkpoint_unit(const SiteFn& fn, const std::vector<torch::Tensor>& inputs,
+                                                     const CheckpointOptions& options) {
+    return ckcheck::checkpoint(fn, inputs, options);
+  }
+
+  /// Model options as given, for reports and the reproduce command ("layers" -> "4").
+  virtual std::map<std::string, std::string> options() const { return {}; }
+
+ protected:
+  /// State outside parameters and buffers that a step may change. Names start with '@'.
+  virtual NamedTensors extra_state() { return {}; }
+  virtual void load_extra_state(const std::string& name, const torch::Tensor& value) {}
+};
+
+/// True when `site` is `outer` or nested in it ("blocks.1.attn" is inside "blocks.1").
+bool site_within(const std::string& site, const std::string& outer);
+
+}  // namespace ckcheck

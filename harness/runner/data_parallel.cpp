@@ -1,0 +1,100 @@
+#include "harness/runner/data_parallel.h"
+
+#include <fmt/format.h>
+
+#include "harness/support/errors.h"
+
+namespace ckcheck {
+
+DataParallel::DataParallel(Collective& collective, int64_t bucket_bytes)
+    : collective_(collective), bucket_bytes_(bucket_bytes) {}
+
+torch::Tensor DataParallel::shard(const torch::Tensor& global) const {
+  const int64_t world = world_size();
+  if (global.dim() == 0) return global;
+  const int64_t n = global.size(0);
+  if (n % world != 0) {
+    throw UsageError(fmt::format("the global batch ({} rows) does not split evenly over {} ranks; choose a "
+                                 "batch that is a multiple of --world-size",
+                                 n, world));
+  }
+  const int64_t per = n / world;
+  return global.narrow(0, rank() * per, per).clone();
+}
+
+void DataParallel::begin_step(const NamedTensors& params) {
+  if (buckets_.empty() || names_.size() != params.size()) {
+    buckets_.clear();
+    bucket_of_.assign(params.size(), 0);
+    names_.clear();
+    for (const auto& [name, p] : params) names_.push_back(name);
+    int64_t filled = bucket_bytes_;
+    for (size_t k = params.size(); k-- > 0;) {
+      const auto& p = params[k].second;
+      if (!p.requires_grad()) continue;
+      const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+      if (buckets_.empty() || filled + bytes > bucket_bytes_) {
+        buckets_.emplace_back();
+        filled = 0;
+      }
+      buckets_.back().push_back(k);
+      bucket_of_[k] = buckets_.size() - 1;
+      filled += bytes;
+    }
+  }
+  fired_.assign(params.size(), 0);
+  grads_.assign(params.size(), torch::Tensor());
+  reduced_.assign(buckets_.size(), false);
+  ready_twice.clear();
+  never_ready.clear();
+}
+
+void DataParallel::on_ready(size_t index, const torch::Tensor& grad) {
+  if (index >= fired_.size()) return;
+  if (++fired_[index] == 2) ready_twice.push_back(names_[index]);
+  grads_[index] = grads_[index].defined() ? grads_[index] + grad.detach() : grad.detach().clone();
+  const size_t b = bucket_of_[index];
+  if (reduced_[b]) return;
+  for (size_t k : buckets_[b]) {
+    if (fired_[k] == 0) return;
+  }
+  reduce_bucket(b);
+}
+
+void DataParallel::reduce_bucket(size_t b) {
+  std::vector<torch::Tensor> flat;
+  std::vector<torch::Tensor> parts;
+  for (size_t k : buckets_[b]) parts.push_back(grads_[k].reshape({-1}));
+  flat.push_back(torch::cat(parts));
+  collective_.allreduce_sum(flat);
+  int64_t offset = 0;
+  for (size_t k : buckets_[b]) {
+    const int64_t n = grads_[k].numel();
+    grads_[k] = flat[0].narrow(0, offset, n).view(grads_[k].sizes()) / world_size();
+    offset += n;
+  }
+  reduced_[b] = true;
+}
+
+void DataParallel::end_step(const NamedTensors& params) {
+  torch::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    bool twice = false;
+    for (size_t k : buckets_[b]) {
+      if (fired_[k] == 0) never_ready.push_back(names_[k]);
+      twice = twice || fired_[k] > 1;
+    }
+    // DDP would stop here ("Expected to mark a variable ready only once"); to compare gradients
+    // anyway, a bucket reduced early or never is reduced from the final gradients.
+    if (twice || !reduced_[b]) {
+      for (size_t k : buckets_[b]) {
+        const auto& g = params[k].second.grad();
+        grads_[k] = g.defined() ? g.detach().clone() : torch::zeros_like(params[k].second);
+      }
+      reduce_bucket(b);
+    }
+    for (size_t k : buckets_[b]) params[k].second.mutable_grad() = grads_[k];
+  }
+}
+
+}  // namespace ckcheck

@@ -1,0 +1,75 @@
+// Data-parallel gradient reduction as DistributedDataParallel does it: each parameter's gradient
+// hook marks it ready, and a bucket of parameters is all-reduced once all of its parameters are
+// ready. The process group behind it is a Collective (Gloo on the CPU, NCCL on CUDA).
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ckcheck/model.h"
+
+namespace ckcheck {
+
+/// What data parallelism needs from a process group, plus a small key-value store to gather
+/// results on rank 0.
+class Collective {
+ public:
+  virtual ~Collective() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string backend() const = 0;
+  /// Sums the tensors over all ranks, in place; blocks until done.
+  virtual void allreduce_sum(std::vector<torch::Tensor>& tensors) = 0;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  /// Waits for the key (up to the group's timeout) and returns its value.
+  virtual std::string get(const std::string& key) = 0;
+  virtual void barrier() = 0;
+};
+
+/// Joins a process group: Gloo for CPU tensors, NCCL for CUDA ones (when this LibTorch has it).
+/// Rank 0 hosts the store at master_addr:master_port. Throws UsageError when the backend is
+/// missing, and std::runtime_error naming the address when the group cannot be formed in time.
+std::unique_ptr<Collective> join_process_group(int rank, int world_size, const std::string& master_addr,
+                                               int master_port, const torch::Device& device,
+                                               int timeout_seconds);
+
+class DataParallel {
+ public:
+  /// Parameters go into buckets of at most `bucket_bytes`, in reverse order (DDP's default is
+  /// 25 MiB: the last layers' gradients are ready first).
+  explicit DataParallel(Collective& collective, int64_t bucket_bytes = 25ll << 20);
+
+  int rank() const { return collective_.rank(); }
+  int world_size() const { return collective_.world_size(); }
+
+  /// This rank's rows of a tensor whose first dimension is the global batch.
+  torch::Tensor shard(const torch::Tensor& global) const;
+
+  /// Before a backward: forget the last step's readiness.
+  void begin_step(const NamedTensors& params);
+  /// A parameter's gradient hook fired with `grad`.
+  void on_ready(size_t index, const torch::Tensor& grad);
+  /// After the backward: reduce what is left, and leave every gradient averaged over the ranks.
+  void end_step(const NamedTensors& params);
+
+  /// Parameters whose hook fired more than once, or never, in the last step.
+  std::vector<std::string> ready_twice, never_ready;
+
+ private:
+  void reduce_bucket(size_t b);
+
+  Collective& collective_;
+  int64_t bucket_bytes_;
+  std::vector<std::vector<size_t>> buckets_;  // parameter indices
+  std::vector<size_t> bucket_of_;
+  std::vector<int> fired_;
+  std::vector<torch::Tensor> grads_;  // what the hooks gave
+  std::vector<bool> reduced_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace ckcheck

@@ -1,0 +1,105 @@
+// The process groups behind Collective: c10d's own Gloo (CPU) and NCCL (CUDA), with a TCPStore
+// hosted by rank 0.
+#include <fmt/format.h>
+#include <torch/cuda.h>
+
+#include <chrono>
+
+#include "harness/runner/data_parallel.h"
+#include "harness/support/errors.h"
+
+#if defined(USE_C10D_GLOO) && !defined(CKCHECK_NO_GLOO)
+#define CKCHECK_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+#if defined(USE_C10D_NCCL) && !defined(CKCHECK_NO_NCCL)
+#define CKCHECK_NCCL 1
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace ckcheck {
+
+#ifdef CKCHECK_GLOO
+namespace {
+
+class C10dCollective : public Collective {
+ public:
+  C10dCollective(int rank, int world, std::string backend, c10::intrusive_ptr<c10d::Store> store,
+                 std::function<void(std::vector<torch::Tensor>&)> allreduce, std::function<void()> barrier)
+      : rank_(rank), world_(world), backend_(std::move(backend)), store_(std::move(store)),
+        allreduce_(std::move(allreduce)), barrier_(std::move(barrier)) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string backend() const override { return backend_; }
+  void allreduce_sum(std::vector<torch::Tensor>& tensors) override { allreduce_(tensors); }
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    const auto v = store_->get(key);
+    return std::string(v.begin(), v.end());
+  }
+  void barrier() override { barrier_(); }
+
+ private:
+  int rank_, world_;
+  std::string backend_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::function<void(std::vector<torch::Tensor>&)> allreduce_;
+  std::function<void()> barrier_;
+};
+
+}  // namespace
+#endif
+
+std::unique_ptr<Collective> join_process_group(int rank, int world_size, const std::string& master_addr,
+                                               int master_port, const torch::Device& device,
+                                               int timeout_seconds) {
+#ifndef CKCHECK_GLOO
+  throw UsageError("this ckcheck was built without c10d's Gloo backend (a LibTorch without it, or no Gloo headers: install libgloo-dev), so --world-size is not available");
+#else
+  const auto timeout = std::chrono::milliseconds(1000ll * timeout_seconds);
+  // A collective gives up in half the run's limit, so that a rank waiting on a hung peer says so
+  // (and the launcher can name the peer) before the limit stops them all.
+  const auto op_timeout = std::chrono::milliseconds(std::max<int64_t>(1000, 500ll * timeout_seconds));
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<std::uint16_t>(master_port);
+    opts.isServer = rank == 0;
+    opts.numWorkers = static_cast<std::size_t>(world_size);
+    opts.waitWorkers = true;
+    opts.timeout = timeout;
+    store = c10::make_intrusive<c10d::TCPStore>(master_addr, opts);
+    store->setTimeout(op_timeout);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("rank {} could not reach the store at {}:{} within {} s: {}", rank,
+                                         master_addr, master_port, timeout_seconds,
+                                         std::string(e.what()).substr(0, std::string(e.what()).find('\n'))));
+  }
+  if (device.is_cuda()) {
+#ifdef CKCHECK_NCCL
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = op_timeout;
+    auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, options);
+    return std::make_unique<C10dCollective>(
+        rank, world_size, "nccl", store, [pg](std::vector<torch::Tensor>& t) { pg->allreduce(t)->wait(); },
+        [pg] { pg->barrier()->wait(); });
+#else
+    throw UsageError("CUDA tensors need NCCL, and this ckcheck was built without it (a LibTorch without NCCL, or no nccl.h at build time)");
+#endif
+  }
+  auto options = c10d::ProcessGroupGloo::Options::create(op_timeout);
+  const bool loopback = master_addr == "127.0.0.1" || master_addr == "localhost";
+  options->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                      : c10d::ProcessGroupGloo::createDefaultDevice());
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+  return std::make_unique<C10dCollective>(
+      rank, world_size, "gloo", store, [pg](std::vector<torch::Tensor>& t) { pg->allreduce(t)->wait(); },
+      [pg] { pg->barrier()->wait(); });
+#endif
+}
+
+}  // namespace ckcheck

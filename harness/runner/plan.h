@@ -1,0 +1,51 @@
+// Which sites a step checkpoints: parsed from a policy string and the --sites globs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ckcheck/model.h"
+
+namespace ckcheck {
+
+/// A checkpoint policy, as given on the command line:
+///   none          nothing is checkpointed (the reference)
+///   every:K       every K-th candidate site, starting with the first (every:1 = all of them)
+///   segments[:N]  the candidate sites split into N runs of consecutive sites; each run but the
+///                 last is checkpointed as one segment, as checkpoint_sequential does; N defaults
+///                 to the square root of the number of candidates (Chen et al. 2016)
+///   sites:GLOB[,GLOB]  the candidate sites, and sites nested in them, that match a glob
+struct Policy {
+  enum class Kind { kNone, kEvery, kSegments, kSites };
+  Kind kind = Kind::kEvery;
+  int64_t k = 1;  // every:K, or segments:N (0: the square root of the number of candidates)
+  std::vector<std::string> globs;
+
+  /// Parses a policy; throws UsageError naming the valid forms.
+  static Policy parse(const std::string& text);
+  std::string text() const;
+};
+
+/// Glob match over module paths: '*' matches any run of characters (dots included), '?' one
+/// character, and [abc] one of a set.
+bool glob_match(const std::string& pattern, const std::string& text);
+
+struct Plan {
+  Policy policy;
+  /// The outermost sites checkpoints may go to (--sites, or the model's default sites).
+  std::vector<std::string> candidates;
+  /// What is checkpointed: each unit is one site or, under segments:N, a run of chain sites.
+  std::vector<std::vector<std::string>> units;
+
+  /// Builds the plan for a model; throws UsageError when a glob matches no site or the policy
+  /// does not fit the model.
+  static Plan make(const Model& model, const std::vector<std::string>& site_globs,
+                   const Policy& policy);
+
+  /// Every site a checkpointed unit covers, in order, the members of a segment included.
+  std::vector<std::string> checkpointed() const;
+  /// A unit's name: its site, or "first..last" for a segment.
+  static std::string unit_label(const std::vector<std::string>& unit);
+};
+
+}  // namespace ckcheck

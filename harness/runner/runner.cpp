@@ -1,0 +1,881 @@
+#include "harness/runner/runner.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "harness/support/errors.h"
+#include "harness/support/global_state.h"
+#include "harness/support/memory.h"
+
+namespace ckcheck {
+
+using torch::Tensor;
+
+const char* amp_name(Amp amp) {
+  switch (amp) {
+    case Amp::kOff:
+      return "off";
+    case Amp::kBf16:
+      return "bf16";
+    case Amp::kFp16:
+      return "fp16";
+  }
+  return "";
+}
+
+Amp parse_amp(const std::string& text) {
+  if (text == "off" || text == "none") return Amp::kOff;
+  if (text == "bf16" || text == "bfloat16") return Amp::kBf16;
+  if (text == "fp16" || text == "float16" || text == "half") return Amp::kFp16;
+  throw UsageError(fmt::format("unknown --amp '{}'; valid: off, bf16, fp16", text));
+}
+
+const TensorRecord* StepRecord::find(const std::string& name, const std::string& kind,
+                                     int64_t step) const {
+  for (const auto& t : tensors) {
+    if (t.name == name && t.kind == kind && t.step == step) return &t;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// run --bench: steps measured after warm-up, per plan (ckcheck bench takes them as options).
+constexpr int64_t kBenchWarmup = 1;
+constexpr int64_t kBenchSteps = 5;
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) {
+    std::string m = c10e->what_without_backtrace();
+    // c10 appends "Exception raised from ..." on a line of its own.
+    const auto cut = m.find("\nException raised from");
+    return cut == std::string::npos ? m : m.substr(0, cut);
+  }
+  return e.what();
+}
+
+std::vector<int64_t> versions_of(const std::vector<Tensor>& ts) {
+  std::vector<int64_t> v;
+  for (const auto& t : ts) v.push_back(static_cast<int64_t>(t._version()));
+  return v;
+}
+
+// Collects CallEvidence for every checkpointed call of one step, and tells the tracer where the
+// step is.
+class EvidenceObserver : public CheckpointObserver {
+ public:
+  EvidenceObserver(StepRecord& record, bool evidence, OpTracer* tracer, Model* model, const Plan* plan)
+      : record_(record), evidence_(evidence), tracer_(tracer), model_(model), plan_(plan) {}
+
+  int64_t step = 1;
+
+  void forward_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs) override {
+    at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
+    if (tracer_) tracer_->push_site(c.site, c.id);
+    if (!evidence_) return;
+    auto& e = calls_[c.id];
+    e.site = c.site;
+    e.call = c.id;
+    e.step = step;
+    e.versions_entry = versions_of(inputs);
+    for (const auto& x : inputs) entry_prints_[c.id].push_back(fingerprint(x));
+    rng_before_[c.id] = RngState::capture();
+  }
+
+  void forward_end(const CheckpointCall& c, const std::vector<Tensor>& inputs,
+                   const std::vector<Tensor>& outputs) override {
+    at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
+    if (tracer_) tracer_->pop_site();
+    if (!evidence_) return;
+    auto& e = calls_[c.id];
+    e.versions_exit = versions_of(inputs);
+    e.rng_consumed = RngState::capture() != rng_before_[c.id];
+    rng_before_.erase(c.id);
+    auto& kept = outputs_[c.id];
+    for (const auto& o : outputs) kept.push_back(o.defined() ? o.detach().clone() : Tensor());
+    state_at_forward_[c.id] = state_marks();
+  }
+
+  void recompute_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs,
+                       const std::vector<Tensor>& grads) override {
+    at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
+    if (tracer_) {
+      tracer_->set_phase(Phase::kRecompute);
+      tracer_->push_site(c.site, c.id);
+    }
+    if (!evidence_) return;
+    auto& e = calls_[c.id];
+    e.recomputed = true;
+    e.versions_recompute = versions_of(inputs);
+    // State the unit reads: its own modules' (a module cannot reach its parent's state, other than
+    // through its arguments, which are watched above).
+    const auto now = state_marks();
+    const auto sites = sites_of_unit(c.site);
+    for (const auto& [name, mark] : state_at_forward_[c.id]) {
+      const auto plain = state_display_name(name);
+      const bool inside = std::any_of(sites.begin(), sites.end(), [&](const std::string& s) { return site_within(plain, s); });
+      auto it = now.find(name);
+      if (inside && (it == now.end() || it->second != mark)) e.state_changed.push_back(plain);
+    }
+    state_at_forward_.erase(c.id);
+    const auto& prints = entry_prints_[c.id];
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      e.content_changed.push_back(i < prints.size() && fingerprint(inputs[i]) != prints[i]);
+    }
+    output_grads(c, grads);
+  }
+
+  void output_grads(const CheckpointCall& c, const std::vector<Tensor>& grads) override {
+    if (!evidence_) return;
+    at::DisableRecordFunctionGuard quiet;
+    torch::NoGradGuard no_grad;
+    auto& e = calls_[c.id];
+    for (const auto& g : grads) {
+      if (g.defined() && g.numel() > 0 && g.abs().max().item<double>() != 0.0) e.grad_all_zero = false;
+    }
+  }
+
+  void recompute_end(const CheckpointCall& c, const std::vector<Tensor>& outputs) override {
+    at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
+    if (tracer_) {
+      tracer_->pop_site();
+      tracer_->set_phase(Phase::kBackward);
+    }
+    if (!evidence_) return;
+    auto& e = calls_[c.id];
+    const auto& before = outputs_[c.id];
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      auto d = compare_tensors(i < before.size() ? before[i] : Tensor(), outputs[i], Tolerance());
+      d.name = fmt::format("{} output {}", c.site, i);
+      d.kind = "output";
+      d.step = e.step;
+      e.output_diffs.push_back(d);
+    }
+    outputs_.erase(c.id);
+  }
+
+  void flush() {
+    for (auto& [id, e] : calls_) {
+      // recompute_end drops the forward's outputs; still held, the recompute did not finish.
+      e.recompute_failed = e.recomputed && outputs_.count(id) > 0;
+      record_.calls.push_back(std::move(e));
+    }
+    calls_.clear();
+    outputs_.clear();
+    entry_prints_.clear();
+  }
+
+ private:
+  StepRecord& record_;
+  bool evidence_;
+  OpTracer* tracer_;
+  std::map<int64_t, CallEvidence> calls_;
+  std::map<int64_t, std::vector<Tensor>> outputs_;
+  std::map<int64_t, std::vector<uint64_t>> entry_prints_;
+  std::map<int64_t, RngState> rng_before_;
+  Model* model_;
+  const Plan* plan_;
+  // Each state tensor's identity and version; a scalar attribute (a fresh 0-d tensor each time)
+  // by its value instead.
+  using Mark = std::pair<const void*, int64_t>;
+  std::map<int64_t, std::map<std::string, Mark>> state_at_forward_;
+
+  // The sites of the unit a checkpoint call stands for, from the plan.
+  std::vector<std::string> sites_of_unit(const std::string& label) const {
+    if (plan_) {
+      for (const auto& unit : plan_->units) {
+        if (Plan::unit_label(unit) == label) return unit;
+      }
+    }
+    return {label};
+  }
+
+  std::map<std::string, Mark> state_marks() const {
+    std::map<std::string, Mark> marks;
+    if (!model_) return marks;
+    auto mark = [&](const std::string& name, const Tensor& t) {
+      const auto kind = model_->state_kind_of(name);
+      if (!t.defined()) {
+        marks[name] = {nullptr, -1};
+      } else if (kind == state_kind::kScalarAttribute || kind == state_kind::kMode || kind == state_kind::kExtra) {
+        // Made afresh by each state_tensors() call (a number's 0-d tensor, a generator's state):
+        // compared by content.
+        marks[name] = {nullptr, static_cast<int64_t>(fingerprint(t))};
+      } else {
+        marks[name] = {t.unsafeGetTensorImpl(), static_cast<int64_t>(t._version())};
+      }
+    };
+    for (const auto& [name, t] : model_->named_parameters()) mark(name, t);
+    for (const auto& [name, t] : model_->state_tensors()) mark(name, t);
+    return marks;
+  }
+};
+
+// Calls each site plainly, except the plan's units, which go to run_unit() -- a single site or,
+// from chain(), a run of consecutive sites. A site inside a unit always runs plainly (the unit
+// covers it), in the forward and in a recompute.
+class UnitSiteRunner : public SiteRunner {
+ public:
+  explicit UnitSiteRunner(const Plan* plan) {
+    if (!plan) return;
+    for (const auto& u : plan->units) {
+      if (u.size() == 1) {
+        single_.insert(u[0]);
+      } else {
+        segments_[u.front()] = u;
+      }
+    }
+  }
+
+  using SiteRunner::call;
+
+  std::vector<Tensor> call(const std::string& site, const SiteFn& fn,
+                           const std::vector<Tensor>& inputs) override {
+    auto wrapped = wrap_site(site, fn);
+    if (depth_ == 0 && single_.count(site)) return run_unit({site}, inside(wrapped), inputs);
+    return wrapped(inputs);
+  }
+
+  Tensor chain(const std::vector<std::string>& sites, const std::vector<TensorFn>& fns,
+               const Tensor& x) override {
+    Tensor h = x;
+    for (size_t i = 0; i < fns.size();) {
+      auto seg = depth_ == 0 ? segments_.find(sites[i]) : segments_.end();
+      if (seg == segments_.end()) {
+        h = call(sites[i], fns[i], h);
+        ++i;
+        continue;
+      }
+      const auto& unit = seg->second;
+      const size_t end = i + unit.size();
+      TORCH_CHECK(end <= fns.size(), "segment ", Plan::unit_label(unit), " runs past the chain");
+      SiteFn run = [this, sites, fns, i, end](const std::vector<Tensor>& xs) {
+        Tensor y = xs[0];
+        for (size_t k = i; k < end; ++k) y = call(sites[k], fns[k], y);
+        return std::vector<Tensor>{y};
+      };
+      h = run_unit(unit, inside(run), {h})[0];
+      i = end;
+    }
+    return h;
+  }
+
+ protected:
+  /// Runs one unit; `fn` already marks the runner as inside it.
+  virtual std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
+                                       const std::vector<Tensor>& inputs) = 0;
+  /// Wraps every site's function (to trace it, say); as is by default.
+  virtual SiteFn wrap_site(const std::string& site, const SiteFn& fn) { return fn; }
+
+  // Marks the runner as inside a unit while `fn` runs -- in the forward, and in a recompute,
+  // which calls the same function again.
+  SiteFn inside(const SiteFn& fn) {
+    return [this, fn](const std::vector<Tensor>& xs) {
+      ++depth_;
+      struct Down {
+        int& d;
+        ~Down() { --d; }
+      } down{depth_};
+      return fn(xs);
+    };
+  }
+
+ private:
+  std::set<std::string> single_;
+  std::map<std::string, std::vector<std::string>> segments_;
+  int depth_ = 0;
+};
+
+// Checkpoints the plan's units, with the run's checkpoint options.
+class PlanSiteRunner : public UnitSiteRunner {
+ public:
+  PlanSiteRunner(const Plan* plan, CheckpointOptions base, Model& model, bool restore_buffers,
+                 OpTracer* tracer)
+      : UnitSiteRunner(plan), base_(std::move(base)), model_(model), restore_buffers_(restore_buffers), tracer_(tracer),
+        checkpoints_(plan && !plan->units.empty()) {}
+
+ protected:
+  std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
+                               const std::vector<Tensor>& inputs) override {
+    auto o = base_;
+    o.name(Plan::unit_label(unit));
+    if (restore_buffers_) {
+      std::vector<Tensor> buffers;
+      for (const auto& s : unit) {
+        for (auto& b : model_.site_buffers(s)) buffers.push_back(b);
+      }
+      o.restore_buffers(buffers);
+    }
+    return model_.checkpoint_unit(fn, inputs, o);
+  }
+
+  bool checkpointing() const override { return checkpoints_; }
+
+  SiteFn wrap_site(const std::string& site, const SiteFn& fn) override {
+    if (!tracer_) return fn;
+    return [this, site, fn](const std::vector<Tensor>& xs) {
+      tracer_->push_site(site);
+      struct Pop {
+        OpTracer* t;
+        ~Pop() { t->pop_site(); }
+      } pop{tracer_};
+      return fn(xs);
+    };
+  }
+
+ private:
+  CheckpointOptions base_;
+  Model& model_;
+  bool restore_buffers_;
+  OpTracer* tracer_;
+  bool checkpoints_;
+};
+
+Tensor upstream_for(const Tensor& out, uint64_t seed, int64_t step, size_t index) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + step * 101ull + index);
+  auto g = torch::randn(out.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat));
+  return g.to(out.device(), out.scalar_type());
+}
+
+c10::ScalarType amp_dtype(Amp amp) { return amp == Amp::kFp16 ? torch::kHalf : torch::kBFloat16; }
+
+std::optional<AutocastState> autocast_for(Amp amp, const torch::Device& device) {
+  if (amp == Amp::kOff) return std::nullopt;
+  auto s = AutocastState::capture();
+  if (device.is_cuda()) {
+    s.cuda_enabled = true;
+    s.cuda_dtype = amp_dtype(amp);
+  } else {
+    if (amp == Amp::kFp16) {
+      throw UsageError("--amp fp16 is CUDA's autocast; on the CPU use --amp bf16");
+    }
+    s.cpu_enabled = true;
+    s.cpu_dtype = amp_dtype(amp);
+  }
+  return s;
+}
+
+}  // namespace
+
+Runner::Runner(Model& model, RunConfig config) : model_(model), config_(std::move(config)) {
+  if (model_.device() != config_.device) model_.to(config_.device);
+  start_ = model_.snapshot();
+}
+
+Runner::~Runner() {
+  try {
+    model_.restore(start_);
+  } catch (...) {
+    // Nothing sensible to do in a destructor; the model is discarded by its owner anyway.
+  }
+}
+
+namespace {
+
+// The model's forward, under the step's autocast state when it has one.
+template <typename Autocast>
+std::vector<Tensor> forward_under(const Autocast& autocast, Model& model, const std::vector<Tensor>& xs,
+                                  SiteRunner& sites) {
+  std::optional<AutocastScope> scope;
+  if (autocast) scope.emplace(*autocast);
+  return model.forward(xs, sites);
+}
+
+// The leaves a step starts from: fresh copies of the inputs, floating-point ones requiring grad.
+std::vector<Tensor> leaf_inputs(const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> xs;
+  for (const auto& x : inputs) {
+    auto leaf = x.detach().clone();
+    if (leaf.is_floating_point()) leaf.requires_grad_(true);
+    xs.push_back(leaf);
+  }
+  return xs;
+}
+
+// The backward's roots and upstream gradients (seeded random tensors, never ones), and the loss
+// they stand for: the projection of every floating-point output on its upstream gradient.
+struct Upstream {
+  std::vector<Tensor> roots, grads;
+  Tensor loss;
+};
+
+Upstream upstream_of(const std::vector<Tensor>& outs, uint64_t seed, int64_t step, DataParallel* dp) {
+  Upstream u;
+  u.loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i].defined() || !outs[i].is_floating_point()) continue;
+    Tensor g;
+    if (dp && outs[i].dim() > 0) {
+      // This rank's rows of the upstream gradient of the whole batch.
+      auto global = outs[i].sizes().vec();
+      global[0] *= dp->world_size();
+      g = dp->shard(upstream_for(torch::empty(global, outs[i].options()), seed, step, i));
+    } else {
+      g = upstream_for(outs[i], seed, step, i);
+    }
+    u.loss = u.loss + (outs[i].detach().to(torch::kDouble) * g.to(torch::kDouble)).sum().cpu();
+    if (outs[i].requires_grad()) {
+      u.roots.push_back(outs[i]);
+      u.grads.push_back(g);
+    }
+  }
+  return u;
+}
+
+// Gradient hooks on the parameters, as data-parallel training registers them: counts the
+// firings, and lets the reducer see each gradient as it is ready. Removed when destroyed.
+class ParameterHooks {
+ public:
+  ParameterHooks(const NamedTensors& params, DataParallel* dp, bool count)
+      : params_(params), fires_(params.size(), 0) {
+    if (!count && !dp) return;
+    if (dp) dp->begin_step(params);
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (!params[k].second.requires_grad()) continue;
+      hooks_.emplace_back(k, params[k].second.register_hook([k, dp, this](const Tensor& g) {
+        ++fires_[k];
+        if (dp) dp->on_ready(k, g);
+      }));
+    }
+  }
+  ~ParameterHooks() {
+    for (const auto& [k, h] : hooks_) params_[k].second.remove_hook(h);
+  }
+  ParameterHooks(const ParameterHooks&) = delete;
+  ParameterHooks& operator=(const ParameterHooks&) = delete;
+
+  void record(StepRecord& record, int64_t step, int64_t micro_batch) const {
+    if (hooks_.empty()) return;
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (params_[k].second.requires_grad()) record.hooks.push_back({params_[k].first, step, fires_[k], micro_batch});
+    }
+  }
+
+ private:
+  const NamedTensors& params_;
+  std::vector<int64_t> fires_;
+  std::vector<std::pair<size_t, unsigned>> hooks_;
+};
+
+Tensor copy_of(const Tensor& t) { return t.defined() ? t.detach().clone() : Tensor(); }
+
+// A micro-batch's part of a record name: "" for the first (and only, without accumulation).
+std::string micro_batch_suffix(int64_t micro_batch) {
+  return micro_batch == 1 ? "" : fmt::format(" (micro-batch {})", micro_batch);
+}
+
+void record_outputs(StepRecord& record, const std::vector<Tensor>& outs, const Tensor& loss, int64_t step,
+                    int64_t micro_batch) {
+  const auto suffix = micro_batch_suffix(micro_batch);
+  record.tensors.push_back({"loss" + suffix, "loss", step, loss});
+  for (size_t i = 0; i < outs.size(); ++i) {
+    record.tensors.push_back({fmt::format("output[{}]{}", i, suffix), "output", step, copy_of(outs[i])});
+  }
+}
+
+// The input gradients of a micro-batch, kept until the step's parameter gradients are recorded.
+void keep_input_grads(std::vector<TensorRecord>& kept, const std::vector<Tensor>& xs, int64_t step, int64_t micro_batch) {
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (!xs[i].requires_grad()) continue;
+    kept.push_back({fmt::format("input[{}]{}", i, micro_batch_suffix(micro_batch)), "input-grad", step, copy_of(xs[i].grad())});
+  }
+}
+
+// Parameter gradients as they stand after a micro-batch that is not the step's last.
+void record_partial_grads(StepRecord& record, const NamedTensors& params, int64_t step, int64_t micro_batch) {
+  for (const auto& [name, p] : params) {
+    record.tensors.push_back({fmt::format("{} after micro-batch {}", name, micro_batch), kPartialGradKind, step, copy_of(p.grad())});
+  }
+}
+
+// Parameter gradients (summed over the micro-batches), input gradients, then the model's state
+// (buffers, attributes, extra state): parameters are covered by their gradients, the rest is what
+// the step changed.
+void record_gradients_and_state(StepRecord& record, Model& model, const NamedTensors& params,
+                                std::vector<TensorRecord>& input_grads, int64_t step) {
+  for (const auto& [name, p] : params) record.tensors.push_back({name, "param-grad", step, copy_of(p.grad())});
+  for (auto& t : input_grads) record.tensors.push_back(std::move(t));
+  input_grads.clear();
+  for (const auto& [name, b] : model.state_tensors()) {
+    record.tensors.push_back({name, model.state_kind_of(name), step, copy_of(b)});
+  }
+}
+
+// The SGD update between steps.
+void sgd_update(const NamedTensors& params, double lr) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    if (p.grad().defined()) p.sub_(p.grad(), lr);
+  }
+}
+
+// Op names, dtypes and autocast state per checkpointed call, from the trace (autocast check).
+void attach_op_evidence(StepRecord& record) {
+  std::map<int64_t, CallEvidence*> by_call;
+  for (auto& c : record.calls) by_call[c.call] = &c;
+  for (const auto& op : record.ops) {
+    auto it = by_call.find(op.call);
+    // Ops the site calls itself (depth 0), not the kernels they call in turn.
+    if (it == by_call.end() || op.depth != 0 || op.phase == Phase::kBackward) continue;
+    auto& e = *it->second;
+    const std::string dtype = op.dtypes.empty() ? "-" : fmt::format("{}", fmt::join(op.dtypes, ","));
+    const bool forward = op.phase == Phase::kForward;
+    (forward ? e.forward_ops : e.recompute_ops).push_back(op.name);
+    (forward ? e.forward_dtypes : e.recompute_dtypes).push_back(dtype);
+    (forward ? e.forward_autocast : e.recompute_autocast).push_back(op.autocast);
+  }
+}
+
+// A run's start: the model's start state, the seeds, and the first micro-batch's inputs. Each
+// rank of a data-parallel run draws its own random stream (its own dropout masks), as training
+// seeded per rank does, and takes its shard of the batch; parameters and the global batch come
+// from the shared seed.
+std::vector<Tensor> start_run(Model& model, const ModelState& start, uint64_t seed, DataParallel* dp,
+                              StepRecord& record) {
+  model.restore(start);
+  seed_all(seed + (dp ? 1000003ull * static_cast<uint64_t>(dp->rank()) : 0));
+  record.rng_start = fingerprint(RngState::capture().cpu);
+  auto inputs = model.make_inputs(seed);
+  if (dp) {
+    for (auto& x : inputs) x = dp->shard(x);
+  }
+  return inputs;
+}
+
+// The checkpoint's protections, from the run's configuration and the step's overrides.
+CheckpointOptions checkpoint_options(const RunConfig& config, const StepOptions& options = {}) {
+  return CheckpointOptions()
+      .preserve_rng_state(config.preserve_rng_state)
+      .restore_autocast(config.restore_autocast)
+      .check_input_versions(options.check_input_versions.value_or(config.check_input_versions))
+      .recompute_fp32(options.recompute_fp32.value_or(config.recompute_fp32));
+}
+
+}  // namespace
+
+StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::string& label) {
+  StepRecord record;
+  record.label = label;
+  const auto autocast = autocast_for(options.amp.value_or(config_.amp), config_.device);
+  std::optional<OpTracer> tracer;
+  if (options.trace != TraceLevel::kNone) tracer.emplace(options.trace, options.value_budget_bytes, options.value_site);
+  OpTracer* tp = tracer ? &*tracer : nullptr;
+  auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_, plan);
+  auto base = checkpoint_options(config_, options);
+  if (plan && (options.evidence || tp)) base.observer(observer);
+  PlanSiteRunner sites(plan, base, model_, config_.restore_buffers, tp);
+  DataParallel* dp = options.data_parallel ? config_.data_parallel : nullptr;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
+    const auto inputs = start_run(model_, start_, config_.seed, dp, record);
+    const auto params = model_.named_parameters();
+    std::vector<TensorRecord> input_grads;
+    for (int64_t step = 1; step <= config_.steps; ++step) {
+      observer->step = step;
+      for (const auto& [name, p] : params) p.mutable_grad() = Tensor();
+      for (int64_t mb = 1; mb <= config_.accumulate; ++mb) {
+        if (tp) tp->set_phase(Phase::kForward);
+        const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1));
+        quiet.reset();
+        const auto outs = forward_under(autocast, model_, xs, sites);
+        quiet.emplace();
+        // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
+        const auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, dp);
+        record_outputs(record, outs, up.loss, step, mb);
+        if (tp) tp->set_phase(Phase::kBackward);
+        {
+          ParameterHooks hooks(params, dp, options.count_hooks);
+          quiet.reset();
+          if (!up.roots.empty()) torch::autograd::backward(up.roots, up.grads);
+          quiet.emplace();
+          hooks.record(record, step, mb);
+        }
+        keep_input_grads(input_grads, xs, step, mb);
+        if (mb < config_.accumulate) record_partial_grads(record, params, step, mb);
+      }
+      if (dp) dp->end_step(params);
+      observer->flush();
+      record_gradients_and_state(record, model_, params, input_grads, step);
+      if (step < config_.steps) sgd_update(params, config_.lr);
+    }
+  } catch (const std::exception& e) {
+    record.error = message_of(e);
+    observer->flush();
+  }
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (tp) {
+    record.ops = tp->take();
+    attach_op_evidence(record);
+  }
+  for (const auto& [name, p] : model_.named_parameters()) p.mutable_grad() = Tensor();
+  return record;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+namespace {
+
+// Gradients live across steps in training: allocated once, zeroed before each step, they belong
+// to the baseline.
+void zero_gradients(const NamedTensors& params, std::vector<Tensor>& xs, bool allocate) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params) {
+    if (allocate && p.requires_grad()) p.mutable_grad() = torch::zeros_like(p);
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  for (auto& x : xs) {
+    if (x.grad().defined()) x.mutable_grad() = Tensor();
+  }
+}
+
+// Step 1's upstream gradient of each output (undefined for one that is not floating point).
+std::vector<Tensor> upstream_per_output(const std::vector<Tensor>& outs, uint64_t seed) {
+  std::vector<Tensor> upstream;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    upstream.push_back(outs[k].is_floating_point() ? upstream_for(outs[k], seed, 1, k) : Tensor());
+  }
+  return upstream;
+}
+
+// Parameters, their gradients and the inputs: what every step keeps, whatever the policy.
+int64_t baseline_bytes(const NamedTensors& params, const std::vector<Tensor>& xs) {
+  int64_t bytes = 0;
+  auto add = [&bytes](const Tensor& t) { bytes += t.numel() * static_cast<int64_t>(t.element_size()); };
+  for (const auto& [name, p] : params) {
+    add(p);
+    if (p.grad().defined()) add(p.grad());
+  }
+  for (const auto& x : xs) add(x);
+  return bytes;
+}
+
+}  // namespace
+
+Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
+  Measurement m;
+  auto& meter = MemoryMeter::of(config_.device);
+  const auto autocast = autocast_for(config_.amp, config_.device);
+  PlanSiteRunner sites(plan, checkpoint_options(config_), model_, config_.restore_buffers, nullptr);
+  try {
+    model_.restore(start_);
+    seed_all(config_.seed);
+    const auto params = model_.named_parameters();
+    auto xs = leaf_inputs(model_.make_inputs(config_.seed));
+    zero_gradients(params, xs, /*allocate=*/true);
+    m.baseline_bytes = baseline_bytes(params, xs);
+    std::vector<Tensor> upstream;  // per output, the same every step
+    for (int64_t i = 0; i < warmup + steps; ++i) {
+      zero_gradients(params, xs, /*allocate=*/false);
+      meter.reset_peak();
+      const int64_t before = meter.current_bytes();
+      const double cpu0 = process_cpu_seconds();
+      const auto instructions0 = instruction_counter().read();
+      std::vector<Tensor> outs;
+      const double forward = time_on_device(config_.device, [&] { outs = forward_under(autocast, model_, xs, sites); });
+      if (upstream.empty()) upstream = upstream_per_output(outs, config_.seed);
+      std::vector<Tensor> roots, grads;
+      for (size_t k = 0; k < outs.size(); ++k) {
+        if (outs[k].requires_grad() && upstream[k].defined()) {
+          roots.push_back(outs[k]);
+          grads.push_back(upstream[k]);
+        }
+      }
+      const double backward = time_on_device(config_.device, [&] {
+        if (!roots.empty()) torch::autograd::backward(roots, grads);
+      });
+      outs.clear();
+      roots.clear();
+      const double cpu = process_cpu_seconds() - cpu0;
+      const auto instructions1 = instruction_counter().read();
+      if (i < warmup) continue;
+      m.cpu_seconds.push_back(cpu);
+      if (instructions0 && instructions1) m.instructions.push_back(*instructions1 - *instructions0);
+      m.step_seconds.push_back(forward + backward);
+      m.forward_seconds.push_back(forward);
+      m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - before);
+    }
+  } catch (const c10::OutOfMemoryError& e) {
+    m.fits = false;
+    m.error = "out of memory: " + message_of(e);
+    release_cached_memory(config_.device);
+  } catch (const std::exception& e) {
+    m.error = message_of(e);
+  }
+  for (const auto& [name, p] : model_.named_parameters()) p.mutable_grad() = Tensor();
+  model_.restore(start_);
+  return m;
+}
+
+RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
+  RunRecords r;
+  StepOptions plain;
+  plain.evidence = false;
+  plain.count_hooks = needs.hooks;
+  r.reference = run(nullptr, plain, "reference");
+  StepOptions ckpt;
+  ckpt.count_hooks = needs.hooks;
+  if (needs.dtype_trace && config_.amp != Amp::kOff) ckpt.trace = TraceLevel::kDtypes;
+  r.checkpointed = run(&plan, ckpt, "checkpointed");
+  if (needs.amp_study && config_.amp != Amp::kOff) {
+    StepOptions fp32 = plain;
+    fp32.amp = Amp::kOff;
+    r.fp32_reference = run(nullptr, fp32, "fp32 reference");
+    StepOptions rec;
+    rec.evidence = false;
+    rec.recompute_fp32 = true;
+    r.fp32_recompute = run(&plan, rec, "checkpointed, fp32 recompute");
+  }
+  if (needs.single_process && config_.data_parallel) {
+    StepOptions alone = plain;
+    alone.data_parallel = false;
+    alone.count_hooks = false;
+    r.single_process = run(nullptr, alone, "single process, whole batch");
+  }
+  if (needs.probe) r.probes = probe(plan);
+  if (needs.bench) {
+    r.bench_plain = measure(nullptr, kBenchWarmup, kBenchSteps);
+    r.bench_checkpointed = measure(&plan, kBenchWarmup, kBenchSteps);
+  }
+  return r;
+}
+
+namespace {
+
+// Calls from the restored state per probed unit: more chances to catch an op whose result
+// changes only now and then, at four extra calls per checkpointed unit.
+constexpr int kRestarts = 4;
+
+// Runs the forward plainly, but at each checkpointed unit repeats the unit on the inputs it got
+// (see UnitProbe) before letting the forward go on.
+class ProbeSiteRunner : public UnitSiteRunner {
+ public:
+  ProbeSiteRunner(const Plan& plan, Model& model, std::vector<UnitProbe>& out, int64_t step)
+      : UnitSiteRunner(&plan), model_(model), out_(out), step_(step) {}
+
+ protected:
+  std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
+                               const std::vector<Tensor>& inputs) override {
+    return probe_unit(Plan::unit_label(unit), fn, inputs);
+  }
+
+ private:
+  std::vector<Tensor> once(const SiteFn& fn, const std::vector<Tensor>& inputs,
+                           std::vector<std::string>* random_ops, bool* private_gen) {
+    std::vector<Tensor> xs;
+    for (const auto& x : inputs) xs.push_back(x.detach().clone());
+    if (!random_ops) return fn(xs);
+    OpTracer tracer(TraceLevel::kNames);
+    auto outs = fn(xs);
+    std::set<std::string> seen;
+    for (const auto& op : tracer.take()) {
+      if (op.random && seen.insert(op.name).second) random_ops->push_back(op.name);
+      *private_gen = *private_gen || op.private_generator;
+    }
+    return outs;
+  }
+
+  static std::pair<bool, double> same(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    bool eq = a.size() == b.size();
+    double worst = 0.0;
+    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+      auto d = compare_tensors(a[i], b[i], Tolerance());
+      eq = eq && d.equal;
+      worst = std::max(worst, d.max_abs);
+    }
+    return {eq, worst};
+  }
+
+  std::vector<Tensor> probe_unit(const std::string& label, const SiteFn& fn,
+                                 const std::vector<Tensor>& inputs) {
+    UnitProbe p;
+    p.site = label;
+    p.step = step_;
+    const ModelState s0 = model_.snapshot();
+    const RngState r0 = RngState::capture();
+    try {
+      auto a = once(fn, inputs, &p.random_ops, &p.private_generator);
+      p.rng_consumed = RngState::capture() != r0;
+      const ModelState sa = model_.snapshot();
+      for (size_t i = 0; i < s0.tensors.size() && i < sa.tensors.size(); ++i) {
+        // Undefined is state too (an attribute that is None) and equals only itself.
+        if (!compare_tensors(s0.tensors[i].second, sa.tensors[i].second, Tolerance()).equal) {
+          p.changed_state.push_back(s0.tensors[i].first);
+        }
+      }
+      r0.restore();
+      auto b = once(fn, inputs, nullptr, nullptr);
+      auto [repeat_eq, d1] = same(a, b);
+      p.repeat_equal = repeat_eq;
+      p.max_abs_diff = d1;
+      // Calls from the restored state: any difference means the unit is non-deterministic. A
+      // non-deterministic op can agree by chance, so several restarts are tried; only when all
+      // agree with the first call is a differing repeat put down to state the call changed.
+      for (int k = 0; k < kRestarts && p.restart_equal; ++k) {
+        model_.restore(s0);
+        r0.restore();
+        auto c = once(fn, inputs, nullptr, nullptr);
+        auto [restart_eq, d2] = same(a, c);
+        if (!restart_eq) {
+          p.restart_equal = false;
+          p.max_abs_diff = d2;
+          p.first_outputs = a;
+          p.other_outputs = c;
+        }
+      }
+      if (!repeat_eq && p.restart_equal) {
+        p.first_outputs = a;
+        p.other_outputs = b;
+      }
+      if (repeat_eq && !p.restart_equal) p.repeat_equal = false;
+    } catch (const std::exception& e) {
+      p.error = message_of(e);
+    }
+    out_.push_back(p);
+    // Go on from the state the forward would have left: the first call's.
+    model_.restore(s0);
+    r0.restore();
+    return once(fn, inputs, nullptr, nullptr);
+  }
+
+  Model& model_;
+  std::vector<UnitProbe>& out_;
+  int64_t step_;
+};
+
+}  // namespace
+
+std::vector<UnitProbe> Runner::probe(const Plan& plan) {
+  std::vector<UnitProbe> out;
+  const auto autocast = autocast_for(config_.amp, config_.device);
+  try {
+    model_.restore(start_);
+    seed_all(config_.seed);
+    const auto inputs = model_.make_inputs(config_.seed);
+    torch::NoGradGuard no_grad;  // as the checkpoint's own forward runs
+    ProbeSiteRunner sites(plan, model_, out, 1);
+    forward_under(autocast, model_, inputs, sites);
+  } catch (const std::exception& e) {
+    UnitProbe p;
+    p.site = "(forward)";
+    p.error = message_of(e);
+    out.push_back(p);
+  }
+  model_.restore(start_);
+  return out;
+}
+
+}  // namespace ckcheck

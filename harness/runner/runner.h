@@ -1,0 +1,223 @@
+// The Runner: the only place that executes training steps. It runs a model plainly (the
+// reference) and under a plan (checkpointed), from the same state, seed and inputs, and records
+// everything the checks compare, as plain data.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckcheck/checkpoint.h"
+#include "ckcheck/model.h"
+#include "harness/runner/compare.h"
+#include "harness/runner/data_parallel.h"
+#include "harness/runner/plan.h"
+#include "harness/runner/trace.h"
+
+namespace ckcheck {
+
+enum class Amp { kOff, kBf16, kFp16 };
+const char* amp_name(Amp amp);
+/// Parses off, bf16 or fp16; throws UsageError otherwise.
+Amp parse_amp(const std::string& text);
+
+/// How the steps run.
+struct RunConfig {
+  uint64_t seed = 0;
+  int64_t steps = 1;
+  double lr = 0.01;  // the SGD step taken between steps when steps > 1
+  torch::Device device = torch::kCPU;
+  Amp amp = Amp::kOff;
+  // Checkpoint protections, as CheckpointOptions (switched off only to prove checks catch the
+  // hazards they guard against).
+  bool preserve_rng_state = true;
+  bool restore_autocast = true;
+  bool check_input_versions = true;
+  bool recompute_fp32 = false;
+  bool restore_buffers = false;  // restore each checkpointed site's buffers after its recompute
+  /// Gradient accumulation: each step runs this many micro-batches (inputs of seeds seed,
+  /// seed+1, ...), each with its forward and backward, their gradients summed before the update.
+  int64_t accumulate = 1;
+  /// Data-parallel training: each rank runs its shard of the global batch with its own RNG
+  /// stream, and gradients are averaged over the ranks in buckets filled by hooks. Not owned.
+  DataParallel* data_parallel = nullptr;
+};
+
+/// One recorded tensor of a step.
+struct TensorRecord {
+  std::string name;
+  std::string kind;  // loss, output, param-grad, input-grad, buffer
+  int64_t step = 1;
+  torch::Tensor value;  // undefined when there is none (a parameter without gradient)
+};
+
+/// What one checkpointed call showed during a recorded step.
+struct CallEvidence {
+  std::string site;  // the unit: a site, or "first..last" for a segment
+  int64_t call = 0;
+  int64_t step = 1;
+  std::vector<int64_t> versions_entry, versions_exit, versions_recompute;
+  std::vector<bool> content_changed;  // input content at the recompute differs from the entry
+  /// Model state (parameters, buffers, tensor and scalar attributes) changed after the site's
+  /// forward and before its recompute -- by the parent or a later site -- by name.
+  std::vector<std::string> state_changed;
+  bool rng_consumed = false;          // the default generators moved during the forward
+  bool recomputed = false;            // backward reached the call
+  bool recompute_failed = false;      // the recompute started and threw
+  bool grad_all_zero = true;          // every gradient that reached it was zero (or none did)
+  std::vector<TensorDiff> output_diffs;  // recomputed outputs against the forward's (bitwise)
+  // Op names and output dtypes inside the call (when traced at kDtypes or above).
+  std::vector<std::string> forward_ops, recompute_ops;
+  std::vector<std::string> forward_dtypes, recompute_dtypes;
+  std::vector<std::string> forward_autocast, recompute_autocast;  // the state each op ran under
+};
+
+/// How often a parameter's gradient hook fired in one backward (DDP marks it ready each time).
+struct HookCount {
+  std::string name;
+  int64_t step = 1;
+  int64_t fires = 0;
+  int64_t micro_batch = 1;  // under gradient accumulation, the micro-batch of the step
+};
+
+/// The record kind of a parameter's gradient as it stands after each micro-batch but the last
+/// (under gradient accumulation), named "NAME after micro-batch K".
+constexpr const char* kPartialGradKind = "param-grad-partial";
+
+struct StepRecord {
+  std::string label;  // reference, checkpointed, ...
+  std::vector<TensorRecord> tensors;
+  std::vector<CallEvidence> calls;
+  std::vector<OpRecord> ops;  // when traced
+  std::vector<HookCount> hooks;  // when counted
+  uint64_t rng_start = 0;     // fingerprint of the CPU generator's state as the step began
+  std::string error;          // what the step threw, if it threw
+  double seconds = 0.0;
+
+  const TensorRecord* find(const std::string& name, const std::string& kind, int64_t step) const;
+};
+
+/// What repeating a checkpointed unit on identical inputs showed (the determinism probe).
+struct UnitProbe {
+  std::string site;
+  int64_t step = 1;
+  bool repeat_equal = true;   // a second call, from the state the first left, gives equal outputs
+  bool restart_equal = true;  // a call from the restored state gives equal outputs
+  double max_abs_diff = 0.0;  // largest output difference seen
+  std::vector<std::string> changed_state;  // state the first call changed (buffers, extra state)
+  std::vector<std::string> random_ops;     // random-number ops the unit ran
+  bool private_generator = false;          // one of them used a non-default generator
+  bool rng_consumed = false;               // the default generators moved during the call
+  // The first call's outputs and those of the call that differed from them (restart, or repeat
+  // when the restart was equal), so a check can apply its own tolerance.
+  std::vector<torch::Tensor> first_outputs, other_outputs;
+  std::string error;
+};
+
+/// Memory and time of training steps under one plan (ckcheck bench, run --bench).
+struct Measurement {
+  bool fits = true;            // false when the step ran out of device memory
+  std::string error;           // what stopped the measurement, if anything
+  int64_t baseline_bytes = 0;  // parameters, gradients and inputs, allocated before the steps
+  int64_t peak_bytes = 0;      // most bytes above the baseline during a measured step
+  std::vector<double> step_seconds;     // forward + backward, per measured step (wall clock)
+  std::vector<double> forward_seconds;  // the forward alone, per measured step
+  std::vector<double> cpu_seconds;      // the process's CPU time of each measured step
+  std::vector<int64_t> instructions;    // instructions retired per step, where counting works
+};
+
+/// Median of a sample (0 when empty).
+double median(std::vector<double> values);
+
+/// Everything one `run` records; optional parts only when a check asked for them.
+struct RunRecords {
+  StepRecord reference;
+  StepRecord checkpointed;
+  std::optional<StepRecord> fp32_reference;       // plain, autocast off (AMP study)
+  std::optional<StepRecord> fp32_recompute;       // checkpointed, recompute in fp32 (AMP study)
+  std::optional<std::vector<UnitProbe>> probes;   // determinism probe
+  std::optional<Measurement> bench_plain;         // run --bench: nothing checkpointed
+  std::optional<Measurement> bench_checkpointed;  // run --bench: the plan
+  std::optional<StepRecord> single_process;       // data-parallel: the whole batch in one process
+  /// A second plain step from the same restored state, run when the checkpointed step differs:
+  /// the tensors on which the two plain steps disagree (empty: the plain step repeats).
+  std::optional<std::vector<std::string>> plain_not_repeated;
+  /// Data-parallel: what each rank saw (gathered on rank 0 before the checks run).
+  struct Rank {
+    int rank = 0;
+    uint64_t rng_start = 0;
+    bool draws = false;     // a checkpointed site consumed random numbers
+    bool replayed = true;   // every such site's recompute reproduced its forward
+    std::string error;
+  };
+  std::vector<Rank> ranks;
+};
+
+/// What the checks need beyond the two steps.
+struct Needs {
+  bool dtype_trace = false;  // op dtypes inside checkpointed calls (autocast check)
+  bool probe = false;        // determinism probe
+  bool amp_study = false;    // fp32 reference and fp32-recompute runs
+  bool bench = false;        // memory and time of plain and checkpointed steps
+  bool hooks = false;        // gradient hook counts of both steps
+  bool single_process = false;  // data-parallel: a plain step on the whole batch, alone
+  Needs& operator|=(const Needs& o) {
+    dtype_trace |= o.dtype_trace;
+    probe |= o.probe;
+    amp_study |= o.amp_study;
+    bench |= o.bench;
+    hooks |= o.hooks;
+    single_process |= o.single_process;
+    return *this;
+  }
+};
+
+/// Options of one recorded run.
+struct StepOptions {
+  bool evidence = true;  // record CallEvidence for every checkpointed call
+  TraceLevel trace = TraceLevel::kNone;
+  int64_t value_budget_bytes = 0;  // kFull: output copies kept for the op diff
+  std::string value_site;          // kFull: only ops inside this site keep copies
+  std::optional<bool> recompute_fp32;  // overrides RunConfig::recompute_fp32
+  std::optional<Amp> amp;              // overrides RunConfig::amp
+  std::optional<bool> check_input_versions;  // overrides RunConfig::check_input_versions
+  bool count_hooks = false;  // count each parameter's gradient hook firings
+  bool data_parallel = true;  // use RunConfig::data_parallel when there is one
+};
+
+class Runner {
+ public:
+  /// The model's current state is the start of every run; the Runner puts it back when it ends.
+  Runner(Model& model, RunConfig config);
+  ~Runner();
+
+  /// config.steps training steps from the start state with `plan`'s units checkpointed (all
+  /// plain when `plan` is null). Never throws for a failure of the model or the checkpoint: the
+  /// message is kept in StepRecord::error.
+  StepRecord run(const Plan* plan, const StepOptions& options, const std::string& label);
+
+  /// The reference and checkpointed steps plus whatever `needs` asks for.
+  RunRecords run_all(const Plan& plan, const Needs& needs);
+
+  /// Repeats each checkpointed unit on its forward inputs (see UnitProbe), step by step.
+  std::vector<UnitProbe> probe(const Plan& plan);
+
+  /// `warmup` then `steps` training steps with `plan`'s units checkpointed (plain when null),
+  /// measuring peak memory above the baseline and time; nothing is recorded, so nothing but the
+  /// step itself allocates. Out of memory on a GPU is a result (fits = false), not an error.
+  Measurement measure(const Plan* plan, int64_t warmup, int64_t steps);
+
+  const RunConfig& config() const { return config_; }
+  Model& model() { return model_; }
+
+ private:
+  Model& model_;
+  RunConfig config_;
+  ModelState start_;
+};
+
+}  // namespace ckcheck

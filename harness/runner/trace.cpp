@@ -1,0 +1,239 @@
+#include "harness/runner/trace.h"
+
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "harness/runner/compare.h"
+#include "harness/support/global_state.h"
+
+namespace ckcheck {
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kForward:
+      return "forward";
+    case Phase::kRecompute:
+      return "recompute";
+    case Phase::kBackward:
+      return "backward";
+  }
+  return "";
+}
+
+bool is_random_op(const std::string& name) {
+  static const std::set<std::string> random_ops = {
+      "aten::bernoulli",    "aten::bernoulli_",    "aten::uniform_",     "aten::normal",
+      "aten::normal_",      "aten::rand",          "aten::rand_like",    "aten::randn",
+      "aten::randn_like",   "aten::randint",       "aten::randint_like", "aten::randperm",
+      "aten::multinomial",  "aten::exponential_",  "aten::geometric_",   "aten::log_normal_",
+      "aten::cauchy_",      "aten::random_",       "aten::native_dropout", "aten::rrelu_with_noise",
+      "aten::poisson"};
+  // Not aten::dropout and its kin: they draw through bernoulli_ when they draw at all (p > 0 in
+  // training), and calling them with p = 0 consumes nothing.
+  return random_ops.count(name) > 0;
+}
+
+struct OpTracer::Impl {
+  TraceLevel level;
+  int64_t budget;
+  std::string value_site;
+  std::mutex mutex;
+  std::vector<OpRecord> records;
+  struct Frame {
+    std::string site;
+    int64_t call;
+  };
+  std::vector<Frame> sites;
+  Phase phase = Phase::kForward;
+  std::map<int64_t, std::string> site_of_seq;  // forward/recompute op seq_nr -> site
+  std::vector<std::string> nodes;              // backward nodes being run
+  int depth = 0;
+  at::CallbackHandle handle = 0;
+};
+
+namespace {
+
+std::atomic<OpTracer::Impl*> active{nullptr};
+
+struct Ctx : at::ObserverContext {
+  size_t record = 0;
+  bool node = false;
+};
+
+bool inside(const std::string& site, const std::string& outer) {
+  return outer.empty() || site == outer ||
+         (site.size() > outer.size() && site.compare(0, outer.size(), outer) == 0 &&
+          site[outer.size()] == '.');
+}
+
+// "cpu:BFloat16,cuda:Half", or "off": the autocast state an op runs under.
+std::string autocast_tag() {
+  const auto a = AutocastState::capture();
+  std::string tag;
+  if (a.cpu_enabled) tag += std::string("cpu:") + c10::toString(a.cpu_dtype);
+  if (a.cuda_enabled) tag += std::string(tag.empty() ? "" : ",") + "cuda:" + c10::toString(a.cuda_dtype);
+  return tag.empty() ? "off" : tag;
+}
+
+// Whether the op draws random numbers, and from a generator other than the default one.
+void note_random_draws(const at::RecordFunction& fn, OpRecord& r) {
+  r.random = is_random_op(r.name);
+  for (const auto& in : fn.inputs()) {
+    if (in.isGenerator()) {
+      const auto& gen = in.toGenerator();
+      if (!gen.defined()) continue;
+      r.random = true;
+      const auto& def = at::globalContext().defaultGenerator(gen.device());
+      r.private_generator = r.private_generator || gen.unsafeGetGeneratorImpl() != def.unsafeGetGeneratorImpl();
+    }
+  }
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  OpTracer::Impl* t = active.load();
+  if (!t) return nullptr;
+  std::lock_guard<std::mutex> lock(t->mutex);
+  auto ctx = std::make_unique<Ctx>();
+  static const std::string engine_prefix = "autograd::engine::evaluate_function: ";
+  std::string name = fn.name();
+  const bool engine = name.rfind(engine_prefix, 0) == 0;
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION || engine) {
+    // An autograd node: not an op itself, the context of the ops it runs.
+    ctx->node = true;
+    if (engine) name = name.substr(engine_prefix.size());
+    const auto it = t->site_of_seq.find(fn.seqNr());
+    std::string site = it == t->site_of_seq.end() ? "" : it->second;
+    if (site.empty() && !t->nodes.empty()) site = t->nodes.back().substr(t->nodes.back().find('|') + 1);
+    t->nodes.push_back(name + "|" + site);
+    return ctx;
+  }
+  OpRecord r;
+  r.index = static_cast<int64_t>(t->records.size());
+  r.name = name;
+  r.depth = t->depth++;
+  r.phase = t->phase;
+  r.seq_nr = fn.seqNr();
+  if (!t->sites.empty()) {
+    r.site = t->sites.back().site;
+    for (auto it = t->sites.rbegin(); it != t->sites.rend(); ++it) {
+      if (it->call >= 0) {
+        r.call = it->call;
+        break;
+      }
+    }
+  }
+  if (t->phase == Phase::kBackward && !t->nodes.empty()) {
+    const auto& top = t->nodes.back();
+    const auto bar = top.find('|');
+    r.node = top.substr(0, bar);
+    r.site = top.substr(bar + 1);
+  }
+  if (t->phase != Phase::kBackward && r.seq_nr >= 0 && !r.site.empty()) {
+    t->site_of_seq.emplace(r.seq_nr, r.site);
+  }
+  if (t->level >= TraceLevel::kDtypes) r.autocast = autocast_tag();
+  note_random_draws(fn, r);
+  ctx->record = t->records.size();
+  t->records.push_back(std::move(r));
+  return ctx;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* base) {
+  OpTracer::Impl* t = active.load();
+  auto* ctx = static_cast<Ctx*>(base);
+  if (!t || !ctx) return;
+  // Our own tensor work below must not be recorded.
+  at::DisableRecordFunctionGuard no_recording;
+  std::lock_guard<std::mutex> lock(t->mutex);
+  if (ctx->node) {
+    if (!t->nodes.empty()) t->nodes.pop_back();
+    return;
+  }
+  --t->depth;
+  if (ctx->record >= t->records.size() || t->level < TraceLevel::kDtypes) return;
+  auto& r = t->records[ctx->record];
+  for (const auto& out : fn.outputs()) {
+    std::vector<torch::Tensor> tensors;
+    if (out.isTensor()) {
+      tensors.push_back(out.toTensor());
+    } else if (out.isTensorList()) {
+      for (const auto& x : out.toTensorVector()) tensors.push_back(x);
+    }
+    for (const auto& x : tensors) {
+      if (!x.defined()) continue;
+      r.shapes.emplace_back(x.sizes().begin(), x.sizes().end());
+      r.dtypes.emplace_back(c10::toString(x.scalar_type()));
+      if (t->level < TraceLevel::kFull) continue;
+      r.fingerprints.push_back(fingerprint(x));
+      if (x.is_floating_point() && x.numel() > 0) {
+        const auto d = x.detach();
+        if (!torch::isfinite(d).all().item<bool>()) {
+          r.nonfinite = true;
+          r.nan = r.nan || torch::isnan(d).any().item<bool>();
+        }
+      }
+      const int64_t bytes = x.numel() * static_cast<int64_t>(x.element_size());
+      if (bytes <= t->budget && inside(r.site, t->value_site) && r.phase != Phase::kBackward) {
+        t->budget -= bytes;
+        r.values.push_back(x.detach().to(torch::kCPU).clone());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+OpTracer::OpTracer(TraceLevel level, int64_t value_budget_bytes, std::string value_site)
+    : level_(level), impl_(std::make_unique<Impl>()) {
+  impl_->level = level;
+  impl_->budget = value_budget_bytes;
+  impl_->value_site = std::move(value_site);
+  if (level == TraceLevel::kNone) return;
+  Impl* expected = nullptr;
+  TORCH_CHECK(active.compare_exchange_strong(expected, impl_.get()),
+              "ckcheck: only one op tracer can record at a time");
+  impl_->handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(on_start, on_end)
+          .needsInputs(true)
+          .needsOutputs(level >= TraceLevel::kDtypes)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+}
+
+OpTracer::~OpTracer() {
+  if (level_ == TraceLevel::kNone) return;
+  at::removeCallback(impl_->handle);
+  active.store(nullptr);
+}
+
+void OpTracer::push_site(const std::string& site, int64_t call) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->sites.push_back({site, call});
+}
+
+void OpTracer::pop_site() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  if (!impl_->sites.empty()) impl_->sites.pop_back();
+}
+
+void OpTracer::set_phase(Phase phase) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->phase = phase;
+}
+
+Phase OpTracer::phase() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->phase;
+}
+
+std::vector<OpRecord> OpTracer::take() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::vector<OpRecord> out;
+  out.swap(impl_->records);
+  return out;
+}
+
+}  // namespace ckcheck

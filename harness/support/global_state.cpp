@@ -1,0 +1,88 @@
+#include "harness/support/global_state.h"
+
+#include <ATen/Context.h>
+#include <torch/cuda.h>
+#include <torch/utils.h>
+
+#include "harness/support/compat.h"
+
+namespace ckcheck {
+
+int cuda_device_count() {
+  static const int count = static_cast<int>(torch::cuda::device_count());
+  return count;
+}
+
+namespace {
+at::Generator cuda_generator(int device) {
+  return at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, device));
+}
+}  // namespace
+
+RngState RngState::capture() {
+  RngState s;
+  s.cpu = compat::generator_state(at::detail::getDefaultCPUGenerator());
+  for (int d = 0; d < cuda_device_count(); ++d) {
+    if (compat::cuda_device_initialised(d)) s.cuda.emplace_back(d, compat::generator_state(cuda_generator(d)));
+  }
+  return s;
+}
+
+void RngState::restore() const {
+  compat::set_generator_state(at::detail::getDefaultCPUGenerator(), cpu);
+  for (const auto& [d, state] : cuda) compat::set_generator_state(cuda_generator(d), state);
+}
+
+bool RngState::operator==(const RngState& other) const {
+  auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return a.defined() == b.defined() && (!a.defined() || torch::equal(a, b));
+  };
+  if (!same(cpu, other.cpu) || cuda.size() != other.cuda.size()) return false;
+  for (size_t i = 0; i < cuda.size(); ++i) {
+    if (cuda[i].first != other.cuda[i].first || !same(cuda[i].second, other.cuda[i].second)) return false;
+  }
+  return true;
+}
+
+void seed_all(uint64_t seed) {
+  torch::manual_seed(seed);  // seeds CUDA generators too when CUDA is present
+}
+
+AutocastState AutocastState::capture() {
+  AutocastState s;
+  s.cpu_enabled = compat::autocast_enabled(c10::kCPU);
+  s.cuda_enabled = compat::autocast_enabled(c10::kCUDA);
+  s.cpu_dtype = compat::autocast_dtype(c10::kCPU);
+  s.cuda_dtype = compat::autocast_dtype(c10::kCUDA);
+  s.cache_enabled = at::autocast::is_autocast_cache_enabled();
+  return s;
+}
+
+bool AutocastState::operator==(const AutocastState& o) const {
+  return cpu_enabled == o.cpu_enabled && cuda_enabled == o.cuda_enabled &&
+         cpu_dtype == o.cpu_dtype && cuda_dtype == o.cuda_dtype &&
+         cache_enabled == o.cache_enabled;
+}
+
+namespace {
+void apply(const AutocastState& s) {
+  compat::set_autocast_enabled(c10::kCPU, s.cpu_enabled);
+  compat::set_autocast_enabled(c10::kCUDA, s.cuda_enabled);
+  compat::set_autocast_dtype(c10::kCPU, s.cpu_dtype);
+  compat::set_autocast_dtype(c10::kCUDA, s.cuda_dtype);
+  at::autocast::set_autocast_cache_enabled(s.cache_enabled);
+}
+}  // namespace
+
+AutocastScope::AutocastScope(const AutocastState& state) : previous_(AutocastState::capture()) {
+  apply(state);
+  at::autocast::increment_nesting();
+}
+
+AutocastScope::~AutocastScope() {
+  // As torch.autocast's __exit__: the cast cache lives until the outermost region ends.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  apply(previous_);
+}
+
+}  // namespace ckcheck

@@ -1,0 +1,73 @@
+#include "harness/support/text.h"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "harness/support/errors.h"
+
+namespace ckcheck {
+
+std::optional<long long> parse_int(const std::string& text) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (!text.empty() && used == text.size()) return v;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+std::optional<double> parse_double(const std::string& text) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (!text.empty() && used == text.size() && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+std::string first_line(const std::string& message) {
+  const auto cut = message.find('\n');
+  return cut == std::string::npos ? message : message.substr(0, cut);
+}
+
+int64_t parse_bytes(const std::string& text) {
+  // The number, then the unit: split where the digits end.
+  size_t used = 0;
+  while (used < text.size() && (std::isdigit(static_cast<unsigned char>(text[used])) || text[used] == '.')) ++used;
+  const auto number = parse_double(text.substr(0, used));
+  const double v = number ? *number : -1;
+  if (!number) used = 0;
+  std::string unit = used ? text.substr(used) : "";
+  const std::vector<std::pair<std::string, double>> units = {
+      {"", 1},       {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+      {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
+  for (const auto& [name, factor] : units) {
+    if (!(used && unit == name && v >= 0 && std::isfinite(v))) continue;
+    // 2^62 bytes (4 EiB) is beyond any machine; a larger number is a typing error, not a budget.
+    if (v * factor > 4611686018427387904.0) {
+      throw UsageError(fmt::format("memory size '{}' is beyond any machine (more than 4 EiB); write it as 8GiB, 512MiB or 1.5GB",
+                                   text));
+    }
+    return static_cast<int64_t>(v * factor);
+  }
+  throw UsageError(fmt::format("memory size '{}' not understood; write it as 8GiB, 512MiB, 1.5GB or a number of bytes", text));
+}
+
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::abs(b) >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{:.0f} B", b) : fmt::format("{:.1f} {}", b, units[u]);
+}
+
+}  // namespace ckcheck

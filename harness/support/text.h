@@ -1,0 +1,23 @@
+// Reading numbers from option values: the whole text or nothing, so "4x" or "" is an error for
+// the caller to word, never a silent 4 or 0.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ckcheck {
+
+std::optional<long long> parse_int(const std::string& text);
+/// Finite numbers only.
+std::optional<double> parse_double(const std::string& text);
+
+/// The first line of a message (errors from TorchScript or c10 carry tracebacks after it).
+std::string first_line(const std::string& message);
+
+/// "8GiB", "512MiB", "1.5GB", "1000000" -> bytes; throws UsageError otherwise.
+int64_t parse_bytes(const std::string& text);
+/// 1536 -> "1.5 KiB".
+std::string format_bytes(double bytes);
+
+}  // namespace ckcheck

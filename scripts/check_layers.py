@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The flow has no back-edges: each source file includes only headers of its own stage or of the
+stages before it, and no check runs a model.
+
+    support -> checkpoint -> model -> runner -> checks -> analyses -> reports -> testing -> cli
+
+Fixtures (the built-in and planted-fault models) sit on the model layer and are seen only by the
+command line, the Python package, the benchmarks and the tests. Prints one line per violation and
+exits 1 when there is any (run by CTest as layers.no_back_edges). An argument names another tree
+to scan (the test of this script plants a back-edge in one)."""
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ORDER = ["support", "checkpoint", "model", "runner", "checks", "analyses", "reports", "testing",
+         "cli", "python"]
+# Where a path belongs: the first prefix that matches.
+STAGES = [
+    ("harness/support/", "support"),
+    ("harness/checkpoint/", "checkpoint"), ("harness/include/ckcheck/checkpoint.h", "checkpoint"),
+    ("ckcheck/checkpoint.h", "checkpoint"),
+    ("harness/model/", "model"), ("harness/include/ckcheck/model.h", "model"), ("ckcheck/model.h", "model"),
+    ("harness/runner/", "runner"),
+    ("checks/", "checks"),
+    ("harness/analyses/", "analyses"),
+    ("reports/", "reports"),
+    ("harness/testing/", "testing"), ("harness/include/ckcheck/testing.h", "testing"),
+    ("ckcheck/testing.h", "testing"),
+    ("ckcheck/version.h", "support"),
+    ("fixtures/", "fixtures"),
+    ("cli/", "cli"),
+    ("python/", "python"),
+]
+FIXTURES_MAY_SEE = {"support", "checkpoint", "model", "fixtures"}
+# What running a model looks like in C++: the checks read records, they never do this.
+RUNS_A_MODEL = re.compile(r"\bRunner\s*[&*(]|\brunner\.|\brun_step\b|->forward\(|\bmodel\.forward\(|\bsite_runner\b")
+
+
+def stage_of(path):
+    for prefix, stage in STAGES:
+        if path.startswith(prefix):
+            return stage
+    return None
+
+
+def allowed(source, target):
+    if source == "fixtures":
+        return target in FIXTURES_MAY_SEE
+    if target == "fixtures":
+        return source in ("cli", "python")
+    return ORDER.index(target) <= ORDER.index(source)
+
+
+def violations(root):
+    for file in sorted(root.glob("**/*")):
+        rel = file.relative_to(root).as_posix()
+        if file.suffix not in (".h", ".cpp", ".cu") or rel.startswith(("build", "python/build", "tests/", "bench/")):
+            continue
+        source = stage_of(rel)
+        if source is None:
+            continue
+        text = file.read_text()
+        for number, line in enumerate(text.splitlines(), 1):
+            match = re.match(r'\s*#include\s+["<]([^">]+)[">]', line)
+            target = stage_of(match.group(1)) if match else None
+            if target and not allowed(source, target):
+                yield f"{rel}:{number}: the {source} stage includes {match.group(1)} of the {target} stage"
+            if source == "checks" and not match and RUNS_A_MODEL.search(line) and not line.lstrip().startswith("//"):
+                yield f"{rel}:{number}: a check runs a model; checks read the records of the steps"
+
+
+def self_test():
+    """The negative control: a tree with one back-edge of each kind must give exactly those."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        planted = {"checks/x.cpp": '#include "reports/report.h"\n',
+                   "checks/y.cpp": "void f(Runner& r) { r.run(); }\n",
+                   "fixtures/z.cpp": '#include "harness/runner/runner.h"\n',
+                   "harness/runner/ok.cpp": '#include "ckcheck/model.h"\n#include "harness/support/text.h"\n'}
+        for name, text in planted.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text)
+        found = sorted(line.split(":")[0] for line in violations(root))
+    expected = ["checks/x.cpp", "checks/y.cpp", "fixtures/z.cpp"]
+    print("planted back-edges found:" if found == expected else f"expected {expected}, found", found)
+    return 0 if found == expected else 1
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    root = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT
+    found = list(violations(root))
+    for line in found:
+        print(line)
+    if found:
+        print(f"{len(found)} back-edge(s); move the code down the flow or the include up it", file=sys.stderr)
+        return 1
+    print("no back-edges: support -> checkpoint -> model -> runner -> checks -> analyses -> reports -> testing -> cli")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+// Each check on hand-built records (no model runs): the evidence of its hazard fails it with its
+// cause at the right site, and the same records without that evidence pass it (the negative
+// control). The gradients and gradient-accumulation checks have their own files.
+#include <gtest/gtest.h>
+
+#include "checks/check.h"
+#include "harness/runner/data_parallel.h"
+#include "tests/support/records.h"
+
+namespace ckcheck {
+namespace {
+
+using testing::causes_of;
+using testing::HandBuiltRecords;
+
+torch::Tensor values(double offset = 0.0) { return torch::linspace(-1.0, 1.0, 8, torch::kFloat) + offset; }
+
+// --- buffers ---------------------------------------------------------------------------------
+
+TEST(ChecksOnRecords, BuffersUpdatedTwiceFailAsBufferUpdateAtTheirUnit) {
+  HandBuiltRecords h;
+  h.same("blocks.0.fc1.weight", "param-grad", values());
+  h.differ("blocks.1.norm.running_mean", state_kind::kBuffer, values(), values(0.5));
+  h.call("blocks.0");
+  h.call("blocks.1");
+  const auto r = h.run(*make_buffers_check());
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kBufferUpdate}) << r;
+  EXPECT_EQ(r.findings[0].site, "blocks.1");
+  EXPECT_EQ(r.findings[0].tensor, "blocks.1.norm.running_mean");
+}
+
+TEST(ChecksOnRecords, BuffersEqualAfterTheStepPass) {
+  HandBuiltRecords h;
+  h.same("blocks.1.norm.running_mean", state_kind::kBuffer, values());
+  h.same("@blocks.1.calls", state_kind::kExtra, values());
+  const auto r = h.run(*make_buffers_check());
+  EXPECT_EQ(r.status, Status::kPass) << r;
+  EXPECT_EQ(r.details.at("compared"), 2);
+}
+
+TEST(ChecksOnRecords, BuffersOfAStatefulSiteNameTheStatefulCause) {
+  HandBuiltRecords h;
+  h.differ("@blocks.0.calls", state_kind::kExtra, values(), values(1.0));
+  auto& p = h.probe("blocks.0");
+  p.repeat_equal = false;
+  p.changed_state = {"@blocks.0.calls"};
+  auto& c = h.call("blocks.0");
+  c.output_diffs[0].equal = false;
+  const auto r = h.run(*make_buffers_check());
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  ASSERT_EQ(r.findings.size(), 1u) << r;
+  EXPECT_NE(r.findings[0].cause, Cause::kBufferUpdate) << r;
+  EXPECT_EQ(r.findings[0].tensor, "blocks.0.calls") << "the '@' of extra state is not shown";
+}
+
+// --- hooks -----------------------------------------------------------------------------------
+
+TEST(ChecksOnRecords, AHookFiringTwiceFailsAsHookCount) {
+  HandBuiltRecords h;
+  h.records.reference.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.1.fc1.weight", 1, 1, 1}};
+  h.records.checkpointed.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.1.fc1.weight", 1, 2, 1}};
+  const auto r = h.run(*make_hooks_check());
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kHookCount}) << r;
+  EXPECT_EQ(r.findings[0].site, "blocks.1");
+  EXPECT_EQ(r.findings[0].details.at("fires"), 2);
+}
+
+TEST(ChecksOnRecords, HooksFiringAsInThePlainStepPass) {
+  HandBuiltRecords h;
+  h.records.reference.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.1.fc1.weight", 1, 1, 1}};
+  h.records.checkpointed.hooks = h.records.reference.hooks;
+  EXPECT_EQ(h.run(*make_hooks_check()).status, Status::kPass);
+}
+
+// --- input-mutation --------------------------------------------------------------------------
+
+TEST(ChecksOnRecords, AnInputChangedBeforeTheRecomputeFailsAsInPlace) {
+  HandBuiltRecords h;
+  auto& c = h.call("blocks.1");
+  c.versions_entry = {3};
+  c.versions_exit = {3};
+  c.versions_recompute = {4};
+  const auto r = h.run(*make_input_mutation_check());
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kInPlace}) << r;
+  EXPECT_EQ(r.findings[0].site, "blocks.1");
+  EXPECT_EQ(r.findings[0].tensor, "input 0");
+}
+
+TEST(ChecksOnRecords, StateChangedBeforeARecomputeThatDiffersFailsAsInPlace) {
+  HandBuiltRecords h;
+  auto& c = h.call("blocks.0");
+  c.state_changed = {"blocks.0.fc1.weight"};
+  c.output_diffs[0].equal = false;
+  const auto r = h.run(*make_input_mutation_check());
+  ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kInPlace}) << r;
+  EXPECT_EQ(r.findings[0].tensor, "blocks.0.fc1.weight");
+}
+
+TEST(ChecksOnRecords, InputsUnchangedUntilTheRecomputePass) {
+  HandBuiltRecords h;
+  auto& c = h.call("blocks.1");
+  c.versions_entry = c.versions_exit = c.versions_recompute = {3};
+  c.state_changed = {"blocks.1.fc1.weight"};  // changed, but the recompute still reproduced the forward
+  EXPECT_EQ(h.run(*make_input_mutation_check()).status, Status::kPass);
+}
+
+// --- determinism -----------------------------------------------------------------------------
+
+TEST(ChecksOnRecords, ASiteThatDiffersFromARestartFailsAsNonDeterministic) {
+  HandBuiltRecords h;
+  auto& p = h.probe("blocks.1");
+  p.repeat_equal = p.restart_equal = false;
+  p.max_abs_diff = 0.25;
+  p.first_outputs = {values()};
+  p.other_outputs = {values(0.25)};
+  const auto r = h.run(*make_determinism_check());
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kNonDeterministic}) << r;
+  EXPECT_EQ(r.findings[0].site, "blocks.1");
+}
+
+TEST(ChecksOnRecords, ASiteThatRepeatsOnlyFromARestartFailsAsStateful) {
+  HandBuiltRecords h;
+  auto& p = h.probe("blocks.0");
+  p.repeat_equal = false;
+  p.changed_state = {"@blocks.0.calls"};
+  const auto r = h.run(*make_determinism_check());
+  ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kStateful}) << r;
+  EXPECT_EQ(r.findings[0].tensor, "blocks.0.calls");
+}
+
+TEST(ChecksOnRecords, SitesThatRepeatPassDeterminism) {
+  HandBuiltRecords h;
+  h.probe("blocks.0");
+  h.probe("blocks.1");
+  EXPECT_EQ(h.run(*make_determinism_check()).status, Status::kPass);
+}
+
+// --- rng -------------------------------------------------------------------------------------
+
+TEST(ChecksOnRecords, ADrawNotReplayedFailsAsRngOnlyWithoutRngPreservation) {
+  for (bool preserve : {false, true}) {
+    HandBuiltRecords h;
+    h.config.preserve_rng_state = preserve;
+    h.probe("blocks.1").random_ops = {"aten::bernoulli_"};
+    h.call("blocks.1").output_diffs[0].equal = false;
+    const auto r = h.run(*make_rng_check());
+    if (preserve) {
+      EXPECT_EQ(r.status, Status::kPass) << r;  // the control: the state is replayed
+    } else {
+      ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kRng}) << r;
+      EXPECT_EQ(r.findings[0].site, "blocks.1");
+    }
+  }
+}
+
+TEST(ChecksOnRecords, APrivateGeneratorFailsAsRngEvenWithRngPreservation) {
+  HandBuiltRecords h;
+  auto& p = h.probe("blocks.0");
+  p.random_ops = {"aten::randn"};
+  p.private_generator = true;
+  h.call("blocks.0").output_diffs[0].equal = false;
+  const auto r = h.run(*make_rng_check());
+  ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kRng}) << r;
+  EXPECT_EQ(r.findings[0].details.at("private_generator"), true);
+}
+
+// --- autocast --------------------------------------------------------------------------------
+
+TEST(ChecksOnRecords, AnOpRecomputedInAnotherDtypeFailsAsAutocast) {
+  for (bool differs : {true, false}) {
+    HandBuiltRecords h;
+    h.config.amp = Amp::kBf16;
+    auto& c = h.call("blocks.0");
+    c.forward_ops = c.recompute_ops = {"aten::linear", "aten::relu"};
+    c.forward_dtypes = {"BFloat16", "BFloat16"};
+    c.recompute_dtypes = {differs ? "Float" : "BFloat16", "BFloat16"};
+    c.forward_autocast = {"cpu:BFloat16", "cpu:BFloat16"};
+    c.recompute_autocast = {differs ? "off" : "cpu:BFloat16", "cpu:BFloat16"};
+    const auto r = h.run(*make_autocast_check());
+    if (!differs) {
+      EXPECT_EQ(r.status, Status::kPass) << r;
+      continue;
+    }
+    EXPECT_EQ(r.status, Status::kFail) << r;
+    ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kAutocast}) << r;
+    EXPECT_EQ(r.findings[0].tensor, "aten::linear");
+    EXPECT_EQ(r.findings[0].details.at("op_index"), 0);
+  }
+}
+
+TEST(ChecksOnRecords, AutocastSkipsWithoutAmp) {
+  HandBuiltRecords h;
+  EXPECT_EQ(h.run(*make_autocast_check()).status, Status::kSkip);
+}
+
+TEST(ChecksOnRecords, CheckpointedAmpFurtherFromFp32ThanPlainAmpWarns) {
+  for (double ckpt_error : {0.5, 0.01}) {
+    HandBuiltRecords h;
+    h.config.amp = Amp::kBf16;
+    const std::string w = "blocks.1.fc1.weight";
+    h.differ(w, "param-grad", values(0.01), values(ckpt_error));
+    h.records.fp32_reference = StepRecord();
+    h.records.fp32_reference->tensors = {{w, "param-grad", 1, values()}};
+    h.records.fp32_recompute = h.records.fp32_reference;
+    const auto r = h.run(*make_autocast_check());
+    if (ckpt_error == 0.01) {
+      EXPECT_EQ(r.status, Status::kPass) << r;  // as far from fp32 as plain AMP
+    } else {
+      EXPECT_EQ(r.status, Status::kWarn) << r;
+      ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kAutocast}) << r;
+      EXPECT_EQ(r.findings[0].site, "blocks.1");
+    }
+  }
+}
+
+// --- nan -------------------------------------------------------------------------------------
+
+TEST(ChecksOnRecords, NanOnlyWithCheckpointingFailsAsIntroduced) {
+  HandBuiltRecords h;
+  auto bad = values();
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  h.differ("blocks.1.fc1.weight", "param-grad", values(), bad);
+  const auto r = h.run(*make_nan_check());
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kNonFinite}) << r;
+  EXPECT_EQ(r.findings[0].details.at("without_checkpointing"), false);
+}
+
+TEST(ChecksOnRecords, FiniteValuesPassNan) {
+  HandBuiltRecords h;
+  h.differ("blocks.1.fc1.weight", "param-grad", values(), values(0.5));  // different, but finite
+  EXPECT_EQ(h.run(*make_nan_check()).status, Status::kPass);
+}
+
+// --- memory and overhead ---------------------------------------------------------------------
+
+Measurement measured(int64_t peak, double seconds) {
+  Measurement m;
+  m.peak_bytes = peak;
+  m.step_seconds = {seconds, seconds, seconds};
+  m.forward_seconds = {seconds / 3};
+  return m;
+}
+
+TEST(ChecksOnRecords, MemoryThatDoesNotGoDownFailsAsNotEffective) {
+  for (int64_t checkpointed_peak : {1000, 400}) {
+    HandBuiltRecords h;
+    h.records.bench_plain = measured(1000, 1.0);
+    h.records.bench_checkpointed = measured(checkpointed_peak, 1.2);
+    const auto r = h.run(*make_memory_check());
+    if (checkpointed_peak < 1000) {
+      EXPECT_EQ(r.status, Status::kPass) << r;
+    } else {
+      ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kNotEffective}) << r;
+    }
+  }
+}
+
+TEST(ChecksOnRecords, TimeOverTheBoundFailsAsTooFine) {
+  for (double checkpointed_seconds : {2.0, 1.3}) {
+    HandBuiltRecords h;
+    h.records.bench_plain = measured(1000, 1.0);
+    h.records.bench_checkpointed = measured(400, checkpointed_seconds);
+    const auto r = h.run(*make_overhead_check(), /*max_overhead=*/0.5);
+    if (checkpointed_seconds < 1.5) {
+      EXPECT_EQ(r.status, Status::kPass) << r;
+    } else {
+      ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kTooFine}) << r;
+    }
+  }
+}
+
+TEST(ChecksOnRecords, MemoryAndOverheadSkipWhenNotMeasured) {
+  HandBuiltRecords h;
+  EXPECT_EQ(h.run(*make_memory_check()).status, Status::kSkip);
+  EXPECT_EQ(h.run(*make_overhead_check()).status, Status::kSkip);
+}
+
+// --- rank-rng and data-parallel --------------------------------------------------------------
+
+TEST(ChecksOnRecords, RanksStartingFromOneRngStateFailAsRng) {
+  for (bool same_state : {true, false}) {
+    HandBuiltRecords h;
+    h.records.ranks = {{0, 42, true, true, ""}, {1, same_state ? 42u : 43u, true, true, ""}};
+    const auto r = h.run(*make_rank_rng_check());
+    if (!same_state) {
+      EXPECT_EQ(r.status, Status::kPass) << r;
+    } else {
+      ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kRng}) << r;
+      EXPECT_EQ(r.findings[0].tensor, "rank 1");
+    }
+  }
+}
+
+// Two ranks without a process group: the check reads only the world size.
+class TwoRanks : public Collective {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  std::string backend() const override { return "none"; }
+  void allreduce_sum(std::vector<torch::Tensor>&) override {}
+  void set(const std::string&, const std::string&) override {}
+  std::string get(const std::string&) override { return ""; }
+  void barrier() override {}
+};
+
+TEST(ChecksOnRecords, AveragedGradientsThatDifferFromTheWholeBatchFail) {
+  for (bool differs : {true, false}) {
+    TwoRanks collective;
+    DataParallel dp(collective);
+    HandBuiltRecords h;
+    h.config.data_parallel = &dp;
+    const std::string w = "blocks.0.fc1.weight";
+    h.same(w, "param-grad", values());
+    h.records.single_process = StepRecord();
+    h.records.single_process->tensors = {{w, "param-grad", 1, values() * 2 + (differs ? 0.5 : 0.0)}};
+    const auto r = h.run(*make_data_parallel_check());
+    if (!differs) {
+      EXPECT_EQ(r.status, Status::kPass) << r;
+    } else {
+      EXPECT_EQ(r.status, Status::kFail) << r;
+      ASSERT_EQ(r.findings.size(), 1u) << r;
+      EXPECT_EQ(r.findings[0].site, "blocks.0");
+      EXPECT_EQ(r.findings[0].tensor, w);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ckcheck

@@ -10,6 +10,11 @@
 namespace ckcheck {
 namespace {
 
+const CheckKnob kAmpErrorFactor{"amp-error-factor",
+                                "warn when checkpointed AMP gradients are this many times further from fp32 than "
+                                "plain AMP's (at least 1)",
+                                2.0, 1.0, 1e6};
+
 // ||g - g32|| / ||g32||, in double; NaN when either is missing.
 double relative_error(const torch::Tensor& g, const torch::Tensor& g32) {
   if (!g.defined() || !g32.defined()) return std::nan("");
@@ -66,7 +71,7 @@ Finding precision_finding(const CheckContext& ctx, const std::string& param, dou
   f.message = fmt::format(
       "checkpointed AMP puts the gradient of {} {:.3g} (relative) from the fp32 step, "
       "{:.1f}x plain AMP's {:.3g} (bound: {:g}x)",
-      param, e_ckpt, e_plain > 0 ? e_ckpt / e_plain : INFINITY, e_plain, ctx.amp_error_factor);
+      param, e_ckpt, e_plain > 0 ? e_ckpt / e_plain : INFINITY, e_plain, ctx.knob(kAmpErrorFactor));
   f.hint = "keep the recompute in the forward's precision (restore autocast); compare "
            "with the fp32-recompute column before adopting it";
   return f;
@@ -95,14 +100,14 @@ PrecisionStudy study_precision(const CheckContext& ctx, CheckResult& r) {
     if (std::isfinite(e_ckpt)) study.worst_ckpt = std::max(study.worst_ckpt, e_ckpt);
     if (std::isfinite(e_fix)) study.worst_fix = std::max(study.worst_fix, e_fix);
     // 1e-6 relative error is below anything AMP can be blamed for.
-    if (std::isfinite(e_ckpt) && e_ckpt > 1e-6 && e_ckpt > ctx.amp_error_factor * e_plain) {
+    if (std::isfinite(e_ckpt) && e_ckpt > 1e-6 && e_ckpt > ctx.knob(kAmpErrorFactor) * e_plain) {
       study.worse = true;
       add_finding(r, precision_finding(ctx, t.name, e_ckpt, e_plain, rows.back()));
     }
   }
   if (!fix->error.empty()) r.details["fp32_recompute_error"] = fix->error;
   r.details["precision"] = rows;
-  r.details["amp_error_factor"] = ctx.amp_error_factor;
+  r.details["amp_error_factor"] = ctx.knob(kAmpErrorFactor);
   r.details["worst"] = {{"plain_amp", study.worst_plain}, {"checkpointed_amp", study.worst_ckpt},
                         {"fp32_recompute", study.worst_fix}};
   return study;
@@ -122,25 +127,24 @@ std::string study_text(const CheckContext& ctx, const PrecisionStudy& study) {
 
 class AutocastCheck : public Check {
  public:
-  std::string id() const override { return "autocast"; }
-  std::string description() const override {
-    return "under --amp, the recompute runs every op in the forward's dtype, and checkpointing "
-           "does not move gradients further from fp32 than plain AMP";
-  }
-  Needs needs() const override {
-    Needs n;
-    n.dtype_trace = true;
-    n.amp_study = true;
-    return n;
+  const CheckInfo& info() const override {
+    static const CheckInfo info = [] {
+      CheckInfo i{"autocast", CheckKind::kHazard, 50,
+                  "under --amp, the recompute runs every op in the forward's dtype, and checkpointing "
+                  "does not move gradients further from fp32 than plain AMP"};
+      i.needs.dtype_trace = true;
+      i.needs.amp_study = true;
+      i.knobs = {kAmpErrorFactor};
+      return i;
+    }();
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
     CheckResult r;
     r.id = id();
     if (ctx.config.amp == Amp::kOff) {
-      r.status = Status::kSkip;
-      r.summary = "AMP is off (--amp bf16 on the CPU; fp16 or bf16 on CUDA)";
-      return r;
+      return skipped(id(), "AMP is off (--amp bf16 on the CPU; fp16 or bf16 on CUDA)");
     }
     std::set<std::string> reported;
     for (const auto& c : ctx.records.checkpointed.calls) {
@@ -169,6 +173,6 @@ class AutocastCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_autocast_check() { return std::make_unique<AutocastCheck>(); }
+CKCHECK_REGISTER_CHECK(AutocastCheck);
 
 }  // namespace ckcheck

@@ -42,10 +42,11 @@ void add_to_group(StateGroups& groups, const CheckContext& ctx, const std::vecto
 
 class BuffersCheck : public Check {
  public:
-  std::string id() const override { return "buffers"; }
-  std::string description() const override {
-    return "all model state after the step -- buffers, tensor and scalar attributes, training flags -- equals "
-           "the plain step's (BatchNorm statistics and counters updated once, not twice)";
+  const CheckInfo& info() const override {
+    static const CheckInfo info{"buffers", CheckKind::kSymptom, 20,
+                                "all model state after the step -- buffers, tensor and scalar attributes, training flags -- equals "
+                                "the plain step's (BatchNorm statistics and counters updated once, not twice)"};
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -87,6 +88,6 @@ class BuffersCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_buffers_check() { return std::make_unique<BuffersCheck>(); }
+CKCHECK_REGISTER_CHECK(BuffersCheck);
 
 }  // namespace ckcheck

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "harness/support/errors.h"
 
 namespace ckcheck {
@@ -153,50 +155,91 @@ std::ostream& operator<<(std::ostream& os, const CheckResult& r) {
   return os;
 }
 
+const char* check_kind_name(CheckKind kind) {
+  switch (kind) {
+    case CheckKind::kSymptom:
+      return "symptom";
+    case CheckKind::kHazard:
+      return "hazard";
+    case CheckKind::kMeasurement:
+      return "measurement";
+    case CheckKind::kTraining:
+      return "training";
+  }
+  return "";
+}
+
+namespace {
+
+std::vector<std::function<std::unique_ptr<Check>()>>& registry() {
+  static std::vector<std::function<std::unique_ptr<Check>()>> makers;
+  return makers;
+}
+
+}  // namespace
+
+CheckRegistration::CheckRegistration(std::function<std::unique_ptr<Check>()> make) {
+  registry().push_back(std::move(make));
+}
+
 std::vector<std::unique_ptr<Check>> builtin_checks() {
   std::vector<std::unique_ptr<Check>> v;
-  v.push_back(make_gradients_check());
-  v.push_back(make_buffers_check());
-  v.push_back(make_input_mutation_check());
-  v.push_back(make_rng_check());
-  v.push_back(make_autocast_check());
-  v.push_back(make_determinism_check());
-  v.push_back(make_nan_check());
-  v.push_back(make_memory_check());
-  v.push_back(make_overhead_check());
-  v.push_back(make_hooks_check());
-  v.push_back(make_gradient_accumulation_check());
-  v.push_back(make_data_parallel_check());
-  v.push_back(make_rank_rng_check());
+  for (const auto& make : registry()) v.push_back(make());
+  std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a->info().order < b->info().order; });
   return v;
+}
+
+namespace {
+
+std::string known_ids() {
+  std::vector<std::string> known;
+  for (const auto& c : builtin_checks()) known.push_back(c->id());
+  return fmt::format("{}", fmt::join(known, ", "));
+}
+
+}  // namespace
+
+std::unique_ptr<Check> make_check(const std::string& id) {
+  for (auto& c : builtin_checks()) {
+    if (c->id() == id) return std::move(c);
+  }
+  throw UsageError(fmt::format("unknown check '{}'; checks: {}", id, known_ids()));
 }
 
 std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids, bool bench) {
   auto all = builtin_checks();
+  std::vector<std::unique_ptr<Check>> out;
   if (ids.empty()) {
-    std::vector<std::unique_ptr<Check>> out;
     for (auto& c : all) {
-      if (c->by_default() || bench) out.push_back(std::move(c));
+      if (c->info().by_default || bench) out.push_back(std::move(c));
     }
     return out;
   }
-  std::vector<std::string> known;
-  for (const auto& c : all) known.push_back(c->id());
-  for (const auto& id : ids) {
-    if (std::find(known.begin(), known.end(), id) == known.end()) {
-      throw UsageError(fmt::format("unknown check '{}'; checks: {}", id, fmt::join(known, ", ")));
-    }
-  }
-  std::vector<std::unique_ptr<Check>> out;
+  for (const auto& id : ids) make_check(id);  // an unknown id is an error, whatever else is asked
   for (auto& c : all) {
     if (std::find(ids.begin(), ids.end(), c->id()) != ids.end()) out.push_back(std::move(c));
   }
   return out;
 }
 
-const std::vector<std::string>& hazard_check_ids() {
-  static const std::vector<std::string> ids = {"input-mutation", "rng", "autocast", "determinism"};
+std::vector<std::string> hazard_check_ids() {
+  std::vector<std::string> ids;
+  for (const auto& c : builtin_checks()) {
+    if (c->info().kind == CheckKind::kHazard) ids.push_back(c->id());
+  }
   return ids;
+}
+
+const CheckKnob& find_knob(const std::string& name) {
+  static const auto knobs = [] {
+    std::vector<CheckKnob> all;
+    for (const auto& c : builtin_checks()) all.insert(all.end(), c->info().knobs.begin(), c->info().knobs.end());
+    return all;
+  }();
+  for (const auto& k : knobs) {
+    if (k.name == name) return k;
+  }
+  throw UsageError(fmt::format("no check has a knob '{}'", name));
 }
 
 }  // namespace ckcheck

@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -68,6 +70,37 @@ struct CheckResult {
 std::ostream& operator<<(std::ostream& os, const Finding& f);
 std::ostream& operator<<(std::ostream& os, const CheckResult& r);
 
+/// What a check looks at: its group in `ckcheck list`, and for diagnose, which checks explain a
+/// divergence (the hazards).
+enum class CheckKind {
+  kSymptom,      // compares what the two steps produced: gradients, buffers, NaN
+  kHazard,       // finds one cause of a divergence in the checkpointed calls' evidence
+  kMeasurement,  // memory and time of the steps (run --bench)
+  kTraining,     // a training setup: gradient hooks, accumulation, data parallelism
+};
+const char* check_kind_name(CheckKind kind);
+
+/// A number that tunes a check, declared by the check with its default written once. `ckcheck
+/// run` offers it as --NAME; reports carry its value and reproduce lines it when given.
+struct CheckKnob {
+  std::string name;  // as the option is spelled, without "--": "amp-error-factor"
+  std::string help;
+  double default_value = 0;
+  double min = 0, max = 0;  // accepted values (finite)
+  bool min_open = false;    // min itself is not accepted
+};
+
+/// Everything a check says about itself, in one place: its own file.
+struct CheckInfo {
+  std::string id;           // stable, part of the report contract ("gradients", "rng", ...)
+  CheckKind kind = CheckKind::kSymptom;
+  int order = 0;            // place in reports and `ckcheck list` (ascending)
+  std::string description;  // one line for `ckcheck list`
+  bool by_default = true;   // run without being asked (memory and overhead need --bench)
+  Needs needs;              // what the Runner must record for it beyond the two steps
+  std::vector<CheckKnob> knobs;
+};
+
 /// What a check reads. Checks never run models: everything comes from the records.
 struct CheckContext {
   const Model& model;
@@ -77,50 +110,48 @@ struct CheckContext {
   const RunRecords& records;
   /// Reference against checkpointed, one per recorded tensor, in record order.
   const std::vector<TensorDiff>& diffs;
-  /// Under AMP: how much further from fp32 the checkpointed gradients may be than the plain
-  /// AMP gradients before the autocast check warns.
-  double amp_error_factor = 2.0;
-  /// run --bench: the most step time checkpointing may add, as a fraction of the plain step's.
-  double max_overhead = 0.5;
+  /// Knob values by name; a knob not given here has its declared default.
+  std::map<std::string, double> knobs = {};
+
+  double knob(const CheckKnob& k) const {
+    const auto it = knobs.find(k.name);
+    return it == knobs.end() ? k.default_value : it->second;
+  }
 };
 
 class Check {
  public:
   virtual ~Check() = default;
-  /// Stable id, part of the report contract ("gradients", "rng", ...).
-  virtual std::string id() const = 0;
-  /// One line for `ckcheck list`.
-  virtual std::string description() const = 0;
-  /// What the Runner must record for this check beyond the two steps.
-  virtual Needs needs() const { return {}; }
-  /// Whether `ckcheck run` runs it without being asked (memory and overhead need --bench).
-  virtual bool by_default() const { return true; }
+  virtual const CheckInfo& info() const = 0;
   virtual CheckResult run(const CheckContext& ctx) const = 0;
+  const std::string& id() const { return info().id; }
 };
 
-/// The built-in checks, in report order.
+/// A check registers itself from its own file, at static initialisation:
+///
+///   CKCHECK_REGISTER_CHECK(GradientsCheck);
+///
+/// (ckcheck_checks is linked whole, so no check file is left out of the program.)
+struct CheckRegistration {
+  explicit CheckRegistration(std::function<std::unique_ptr<Check>()> make);
+};
+#define CKCHECK_REGISTER_CHECK(Class)                                                  \
+  static const ::ckcheck::CheckRegistration ckcheck_registration_##Class(             \
+      [] { return std::unique_ptr<::ckcheck::Check>(std::make_unique<Class>()); })
+
+/// The registered checks, in report order.
 std::vector<std::unique_ptr<Check>> builtin_checks();
+/// The check with this id; throws UsageError naming the checks when there is none.
+std::unique_ptr<Check> make_check(const std::string& id);
 /// The checks with these ids (when empty: those run by default, plus memory and overhead when
 /// `bench`), in report order; throws UsageError on an unknown id.
 std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids, bool bench = false);
 
-/// Ids of the checks that look for one hazard each (as opposed to the symptom checks gradients,
-/// buffers and nan).
-const std::vector<std::string>& hazard_check_ids();
+/// Ids of the checks of kind kHazard, which look for one hazard each (as opposed to the symptom
+/// checks gradients, buffers and nan).
+std::vector<std::string> hazard_check_ids();
 
-// One factory per check file.
-std::unique_ptr<Check> make_gradients_check();
-std::unique_ptr<Check> make_buffers_check();
-std::unique_ptr<Check> make_input_mutation_check();
-std::unique_ptr<Check> make_rng_check();
-std::unique_ptr<Check> make_autocast_check();
-std::unique_ptr<Check> make_determinism_check();
-std::unique_ptr<Check> make_nan_check();
-std::unique_ptr<Check> make_memory_check();
-std::unique_ptr<Check> make_overhead_check();
-std::unique_ptr<Check> make_hooks_check();
-std::unique_ptr<Check> make_data_parallel_check();
-std::unique_ptr<Check> make_rank_rng_check();
-std::unique_ptr<Check> make_gradient_accumulation_check();
+/// The knob with this name, of whichever check declares it; throws UsageError when none does.
+const CheckKnob& find_knob(const std::string& name);
 
 }  // namespace ckcheck

@@ -15,6 +15,22 @@ bool add_finding(CheckResult& r, Finding f) {
   return true;
 }
 
+CheckResult skipped(const std::string& id, std::string summary) {
+  CheckResult r;
+  r.id = id;
+  r.status = Status::kSkip;
+  r.summary = std::move(summary);
+  return r;
+}
+
+CheckResult errored(const std::string& id, std::string summary) {
+  CheckResult r;
+  r.id = id;
+  r.status = Status::kError;
+  r.summary = std::move(summary);
+  return r;
+}
+
 std::string count_of(size_t n, const std::string& what) {
   return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s");
 }

@@ -23,6 +23,11 @@ std::string count_of(size_t n, const std::string& what);
 /// The JSON form of a TensorDiff (the report's "tensors" entries use it too).
 nlohmann::json diff_json(const TensorDiff& d);
 
+/// The results a check returns when it cannot judge: skipped (nothing to look at: not asked for,
+/// not measured, nothing checkpointed) or errored (what it needed failed), with one line why.
+CheckResult skipped(const std::string& id, std::string summary);
+CheckResult errored(const std::string& id, std::string summary);
+
 /// A CheckResult for when the reference step itself failed: nothing can be compared.
 CheckResult reference_failed(const std::string& id, const CheckContext& ctx);
 

@@ -15,15 +15,15 @@ const char* kTolerance = "rtol=1e-4,atol=1e-6";
 
 class DataParallelCheck : public Check {
  public:
-  std::string id() const override { return "data-parallel"; }
-  std::string description() const override {
-    return "(with --world-size) gradients averaged over the ranks equal one process's on the "
-           "whole batch, within the tolerance float reduction order allows";
-  }
-  Needs needs() const override {
-    Needs n;
-    n.single_process = true;
-    return n;
+  const CheckInfo& info() const override {
+    static const CheckInfo info = [] {
+      CheckInfo i{"data-parallel", CheckKind::kTraining, 120,
+                  "(with --world-size) gradients averaged over the ranks equal one process's on the "
+                  "whole batch, within the tolerance float reduction order allows"};
+      i.needs.single_process = true;
+      return i;
+    }();
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -31,9 +31,7 @@ class DataParallelCheck : public Check {
     r.id = id();
     const auto* dp = ctx.config.data_parallel;
     if (!dp || !ctx.records.single_process) {
-      r.status = Status::kSkip;
-      r.summary = "a single process (--world-size 1)";
-      return r;
+      return skipped(id(), "a single process (--world-size 1)");
     }
     bool draws = false;
     for (const auto& c : ctx.records.checkpointed.calls) draws = draws || c.rng_consumed;
@@ -41,16 +39,12 @@ class DataParallelCheck : public Check {
       for (const auto& p : *ctx.records.probes) draws = draws || p.rng_consumed || !p.random_ops.empty();
     }
     if (draws) {
-      r.status = Status::kSkip;
-      r.summary = "the model draws random numbers: per-rank streams cannot reproduce one process's draws";
-      return r;
+      return skipped(id(), "the model draws random numbers: per-rank streams cannot reproduce one process's draws");
     }
     const auto tol = Tolerance::parse(kTolerance);
     const auto& alone = *ctx.records.single_process;
     if (!alone.error.empty()) {
-      r.status = Status::kError;
-      r.summary = "the single-process step failed: " + alone.error;
-      return r;
+      return errored(id(), "the single-process step failed: " + alone.error);
     }
     size_t compared = 0;
     for (const auto& t : ctx.records.reference.tensors) {
@@ -87,6 +81,6 @@ class DataParallelCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_data_parallel_check() { return std::make_unique<DataParallelCheck>(); }
+CKCHECK_REGISTER_CHECK(DataParallelCheck);
 
 }  // namespace ckcheck

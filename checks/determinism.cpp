@@ -54,24 +54,22 @@ Finding stateful_finding(const UnitProbe& p) {
 
 class DeterminismCheck : public Check {
  public:
-  std::string id() const override { return "determinism"; }
-  std::string description() const override {
-    return "each checkpointed site gives the same outputs when run again on identical inputs and "
-           "RNG state (non-deterministic ops, stateful modules)";
-  }
-  Needs needs() const override {
-    Needs n;
-    n.probe = true;
-    return n;
+  const CheckInfo& info() const override {
+    static const CheckInfo info = [] {
+      CheckInfo i{"determinism", CheckKind::kHazard, 60,
+                  "each checkpointed site gives the same outputs when run again on identical inputs and "
+                  "RNG state (non-deterministic ops, stateful modules)"};
+      i.needs.probe = true;
+      return i;
+    }();
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
     CheckResult r;
     r.id = id();
     if (!ctx.records.probes) {
-      r.status = Status::kSkip;
-      r.summary = "the determinism probe did not run";
-      return r;
+      return skipped(id(), "the determinism probe did not run");
     }
     bool failed = false;
     size_t probed = 0;
@@ -97,9 +95,7 @@ class DeterminismCheck : public Check {
     }
     if (failed) r.status = Status::kFail;
     if (r.findings.empty() && !probe_error.empty()) {
-      r.status = Status::kSkip;
-      r.summary = "the probe could not run the checkpointed units again (" + probe_error + ")";
-      return r;
+      return skipped(id(), "the probe could not run the checkpointed units again (" + probe_error + ")");
     }
     if (r.findings.empty()) {
       r.summary = probed == 0 ? "nothing is checkpointed"
@@ -113,6 +109,6 @@ class DeterminismCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_determinism_check() { return std::make_unique<DeterminismCheck>(); }
+CKCHECK_REGISTER_CHECK(DeterminismCheck);
 
 }  // namespace ckcheck

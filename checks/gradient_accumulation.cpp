@@ -68,25 +68,23 @@ void add_hook_findings(const CheckContext& ctx, CheckResult& r) {
 
 class GradientAccumulationCheck : public Check {
  public:
-  std::string id() const override { return "gradient-accumulation"; }
-  std::string description() const override {
-    return "with --accumulate N: N checkpointed micro-batches sum to the gradients of N plain ones, bitwise, "
-           "and every gradient hook fires once per micro-batch";
+  const CheckInfo& info() const override {
+    static const CheckInfo info = [] {
+      CheckInfo i{"gradient-accumulation", CheckKind::kTraining, 110,
+                  "with --accumulate N: N checkpointed micro-batches sum to the gradients of N plain ones, bitwise, "
+                  "and every gradient hook fires once per micro-batch"};
+      i.by_default = false;  // run asks for it with --accumulate
+      i.needs.hooks = true;
+      return i;
+    }();
+    return info;
   }
-  Needs needs() const override {
-    Needs n;
-    n.hooks = true;
-    return n;
-  }
-  bool by_default() const override { return false; }  // run asks for it with --accumulate
 
   CheckResult run(const CheckContext& ctx) const override {
     CheckResult r;
     r.id = id();
     if (ctx.config.accumulate < 2) {
-      r.status = Status::kSkip;
-      r.summary = "one micro-batch per step (--accumulate N runs N)";
-      return r;
+      return skipped(id(), "one micro-batch per step (--accumulate N runs N)");
     }
     if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);
     if (!ctx.records.checkpointed.error.empty()) {
@@ -116,6 +114,6 @@ class GradientAccumulationCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_gradient_accumulation_check() { return std::make_unique<GradientAccumulationCheck>(); }
+CKCHECK_REGISTER_CHECK(GradientAccumulationCheck);
 
 }  // namespace ckcheck

@@ -138,10 +138,11 @@ void warn_when_vacuous(const CheckContext& ctx, CheckResult& r) {
 
 class GradientsCheck : public Check {
  public:
-  std::string id() const override { return "gradients"; }
-  std::string description() const override {
-    return "loss, outputs, parameter and input gradients equal the plain step's (within the "
-           "tolerance); warns when no gradient reaches the checkpointed sites";
+  const CheckInfo& info() const override {
+    static const CheckInfo info{"gradients", CheckKind::kSymptom, 10,
+                                "loss, outputs, parameter and input gradients equal the plain step's (within the "
+                                "tolerance); warns when no gradient reaches the checkpointed sites"};
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -187,6 +188,6 @@ class GradientsCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_gradients_check() { return std::make_unique<GradientsCheck>(); }
+CKCHECK_REGISTER_CHECK(GradientsCheck);
 
 }  // namespace ckcheck

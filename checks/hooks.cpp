@@ -10,15 +10,15 @@ namespace {
 
 class HooksCheck : public Check {
  public:
-  std::string id() const override { return "hooks"; }
-  std::string description() const override {
-    return "every parameter's gradient hook fires once per backward under checkpointing, as "
-           "data-parallel training (DDP) requires";
-  }
-  Needs needs() const override {
-    Needs n;
-    n.hooks = true;
-    return n;
+  const CheckInfo& info() const override {
+    static const CheckInfo info = [] {
+      CheckInfo i{"hooks", CheckKind::kTraining, 100,
+                  "every parameter's gradient hook fires once per backward under checkpointing, as "
+                  "data-parallel training (DDP) requires"};
+      i.needs.hooks = true;
+      return i;
+    }();
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -26,10 +26,9 @@ class HooksCheck : public Check {
     r.id = id();
     const auto& ckpt = ctx.records.checkpointed.hooks;
     if (ckpt.empty()) {
-      r.status = Status::kSkip;
-      r.summary = ctx.records.checkpointed.error.empty() ? "no gradient hook was counted"
-                                                         : "the checkpointed step failed before its hooks could be counted";
-      return r;
+      return skipped(id(), ctx.records.checkpointed.error.empty()
+                               ? "no gradient hook was counted"
+                               : "the checkpointed step failed before its hooks could be counted");
     }
     size_t counted = 0;
     for (const auto& h : ckpt) {
@@ -63,6 +62,6 @@ class HooksCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_hooks_check() { return std::make_unique<HooksCheck>(); }
+CKCHECK_REGISTER_CHECK(HooksCheck);
 
 }  // namespace ckcheck

@@ -63,10 +63,11 @@ Finding changed_state(const CallEvidence& c) {
 
 class InputMutationCheck : public Check {
  public:
-  std::string id() const override { return "input-mutation"; }
-  std::string description() const override {
-    return "no checkpointed site's input changes (version counter or content) between entering "
-           "the site and its recompute";
+  const CheckInfo& info() const override {
+    static const CheckInfo info{"input-mutation", CheckKind::kHazard, 30,
+                                "no checkpointed site's input changes (version counter or content) between entering "
+                                "the site and its recompute"};
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -105,6 +106,6 @@ class InputMutationCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_input_mutation_check() { return std::make_unique<InputMutationCheck>(); }
+CKCHECK_REGISTER_CHECK(InputMutationCheck);
 
 }  // namespace ckcheck

@@ -7,15 +7,15 @@ namespace {
 
 class MemoryCheck : public Check {
  public:
-  std::string id() const override { return "memory"; }
-  std::string description() const override {
-    return "(with --bench) checkpointing lowers the step's peak memory";
-  }
-  bool by_default() const override { return false; }
-  Needs needs() const override {
-    Needs n;
-    n.bench = true;
-    return n;
+  const CheckInfo& info() const override {
+    static const CheckInfo info = [] {
+      CheckInfo i{"memory", CheckKind::kMeasurement, 80,
+                  "(with --bench) checkpointing lowers the step's peak memory"};
+      i.by_default = false;
+      i.needs.bench = true;
+      return i;
+    }();
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -24,20 +24,16 @@ class MemoryCheck : public Check {
     const auto& plain = ctx.records.bench_plain;
     const auto& ckpt = ctx.records.bench_checkpointed;
     if (!plain || !ckpt) {
-      r.status = Status::kSkip;
-      r.summary = "not measured (run with --bench)";
-      return r;
+      return skipped(id(), "not measured (run with --bench)");
     }
     if (!plain->error.empty() || !ckpt->error.empty()) {
-      r.status = Status::kError;
-      r.summary = "measurement failed: " + (plain->error.empty() ? ckpt->error : plain->error);
-      return r;
+      return errored(id(), "measurement failed: " + (plain->error.empty() ? ckpt->error : plain->error));
     }
     const double a = static_cast<double>(plain->peak_bytes), b = static_cast<double>(ckpt->peak_bytes);
     r.details = {{"plain_peak_bytes", plain->peak_bytes}, {"checkpointed_peak_bytes", ckpt->peak_bytes},
                  {"baseline_bytes", plain->baseline_bytes}, {"ratio", a > 0 ? b / a : 1.0}};
     if (ctx.plan.units.empty()) {
-      r.status = Status::kSkip;
+      r.status = Status::kSkip;  // the measurements stay in the details
       r.summary = "the policy checkpoints nothing";
       return r;
     }
@@ -59,6 +55,6 @@ class MemoryCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_memory_check() { return std::make_unique<MemoryCheck>(); }
+CKCHECK_REGISTER_CHECK(MemoryCheck);
 
 }  // namespace ckcheck

@@ -7,9 +7,10 @@ namespace {
 
 class NanCheck : public Check {
  public:
-  std::string id() const override { return "nan"; }
-  std::string description() const override {
-    return "no NaN or Inf in the loss, outputs or gradients, with or without checkpointing";
+  const CheckInfo& info() const override {
+    static const CheckInfo info{"nan", CheckKind::kSymptom, 70,
+                                "no NaN or Inf in the loss, outputs or gradients, with or without checkpointing"};
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -62,6 +63,6 @@ class NanCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_nan_check() { return std::make_unique<NanCheck>(); }
+CKCHECK_REGISTER_CHECK(NanCheck);
 
 }  // namespace ckcheck

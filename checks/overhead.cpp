@@ -5,17 +5,21 @@
 namespace ckcheck {
 namespace {
 
+const CheckKnob kMaxOverhead{"max-overhead", "with --bench: the most step time checkpointing may add (0.5 = +50%)", 0.5,
+                             0.0, 1e6, /*min_open=*/true};
+
 class OverheadCheck : public Check {
  public:
-  std::string id() const override { return "overhead"; }
-  std::string description() const override {
-    return "(with --bench) checkpointing adds at most --max-overhead (50%) to the step time";
-  }
-  bool by_default() const override { return false; }
-  Needs needs() const override {
-    Needs n;
-    n.bench = true;
-    return n;
+  const CheckInfo& info() const override {
+    static const CheckInfo info = [] {
+      CheckInfo i{"overhead", CheckKind::kMeasurement, 90,
+                  "(with --bench) checkpointing adds at most --max-overhead (50%) to the step time"};
+      i.by_default = false;
+      i.needs.bench = true;
+      i.knobs = {kMaxOverhead};
+      return i;
+    }();
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -24,17 +28,15 @@ class OverheadCheck : public Check {
     const auto& plain = ctx.records.bench_plain;
     const auto& ckpt = ctx.records.bench_checkpointed;
     if (!plain || !ckpt || plain->step_seconds.empty() || ckpt->step_seconds.empty()) {
-      r.status = Status::kSkip;
-      r.summary = plain && !plain->error.empty() ? "measurement failed: " + plain->error
-                                                 : "not measured (run with --bench)";
-      return r;
+      return skipped(id(), plain && !plain->error.empty() ? "measurement failed: " + plain->error
+                                                          : "not measured (run with --bench)");
     }
     const double a = median(plain->step_seconds), b = median(ckpt->step_seconds);
     const double over = a > 0 ? b / a - 1.0 : 0.0;
     r.details = {{"plain_median_s", a}, {"checkpointed_median_s", b}, {"overhead", over},
-                 {"bound", ctx.max_overhead}, {"forward_median_s", median(plain->forward_seconds)}};
-    if (over <= ctx.max_overhead) {
-      r.summary = fmt::format("step time {:+.0f}% with checkpointing (bound {:.0f}%)", 100 * over, 100 * ctx.max_overhead);
+                 {"bound", ctx.knob(kMaxOverhead)}, {"forward_median_s", median(plain->forward_seconds)}};
+    if (over <= ctx.knob(kMaxOverhead)) {
+      r.summary = fmt::format("step time {:+.0f}% with checkpointing (bound {:.0f}%)", 100 * over, 100 * ctx.knob(kMaxOverhead));
       return r;
     }
     r.status = Status::kFail;
@@ -42,15 +44,15 @@ class OverheadCheck : public Check {
     f.cause = Cause::kTooFine;
     f.message = fmt::format("checkpointing adds {:.0f}% to the step time ({:.3g} s -> {:.3g} s), more "
                             "than the {:.0f}% bound",
-                            100 * over, a, b, 100 * ctx.max_overhead);
+                            100 * over, a, b, 100 * ctx.knob(kMaxOverhead));
     add_finding(r, f);
-    r.summary = fmt::format("step time {:+.0f}%, over the {:.0f}% bound", 100 * over, 100 * ctx.max_overhead);
+    r.summary = fmt::format("step time {:+.0f}%, over the {:.0f}% bound", 100 * over, 100 * ctx.knob(kMaxOverhead));
     return r;
   }
 };
 
 }  // namespace
 
-std::unique_ptr<Check> make_overhead_check() { return std::make_unique<OverheadCheck>(); }
+CKCHECK_REGISTER_CHECK(OverheadCheck);
 
 }  // namespace ckcheck

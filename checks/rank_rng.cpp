@@ -9,10 +9,11 @@ namespace {
 
 class RankRngCheck : public Check {
  public:
-  std::string id() const override { return "rank-rng"; }
-  std::string description() const override {
-    return "(with --world-size) ranks draw different random numbers, and each rank's recompute "
-           "replays its own";
+  const CheckInfo& info() const override {
+    static const CheckInfo info{"rank-rng", CheckKind::kTraining, 130,
+                                "(with --world-size) ranks draw different random numbers, and each rank's recompute "
+                                "replays its own"};
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -20,9 +21,7 @@ class RankRngCheck : public Check {
     r.id = id();
     const auto& ranks = ctx.records.ranks;
     if (ranks.size() < 2) {
-      r.status = Status::kSkip;
-      r.summary = "a single process (--world-size 1)";
-      return r;
+      return skipped(id(), "a single process (--world-size 1)");
     }
     bool draws = false;
     std::map<uint64_t, int> first_rank;
@@ -58,6 +57,6 @@ class RankRngCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_rank_rng_check() { return std::make_unique<RankRngCheck>(); }
+CKCHECK_REGISTER_CHECK(RankRngCheck);
 
 }  // namespace ckcheck

@@ -10,14 +10,14 @@ namespace {
 
 class RngCheck : public Check {
  public:
-  std::string id() const override { return "rng"; }
-  std::string description() const override {
-    return "sites that draw random numbers (dropout) replay the forward's draws in the recompute";
-  }
-  Needs needs() const override {
-    Needs n;
-    n.probe = true;  // random ops and private generators are seen by the probe
-    return n;
+  const CheckInfo& info() const override {
+    static const CheckInfo info = [] {
+      CheckInfo i{"rng", CheckKind::kHazard, 40,
+                  "sites that draw random numbers (dropout) replay the forward's draws in the recompute"};
+      i.needs.probe = true;  // random ops and private generators are seen by the probe
+      return i;
+    }();
+    return info;
   }
 
   CheckResult run(const CheckContext& ctx) const override {
@@ -76,6 +76,6 @@ class RngCheck : public Check {
 
 }  // namespace
 
-std::unique_ptr<Check> make_rng_check() { return std::make_unique<RngCheck>(); }
+CKCHECK_REGISTER_CHECK(RngCheck);
 
 }  // namespace ckcheck

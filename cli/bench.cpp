@@ -39,9 +39,10 @@ void setup_bench(CLI::App& app, int& exit_code) {
   sub->add_option("--warmup", o->warmup, "unmeasured steps before them")->capture_default_str()->check(whole_number(0, 1000));
   sub->add_option("--memory-budget", o->memory_budget, "memory the step may use, as 8GiB or 512MiB: recommend the fastest policy that fits")
       ->check(non_empty("a memory size, as 8GiB or 512MiB"));
+  const auto& knob = find_knob("max-overhead");
   sub->add_option("--max-overhead", o->max_overhead, "warn above this much extra step time (0.5 = +50%)")
       ->capture_default_str()
-      ->check(finite_number(0, 1e6, /*lo_open=*/true));
+      ->check(finite_number(knob.min, knob.max, knob.min_open));
   sub->add_option("--time-budget", o->time_budget,
                   "seconds of extra rounds allowed when a policy measures faster than none beyond the noise (it "
                   "does more work, so the machine is noisy); past it only the memory verdict is given")
@@ -107,7 +108,7 @@ int run_bench_command(const BenchCliOptions& o) {
   if (!o.policies.empty()) cmd += " --policies " + shell_quote(fmt::format("{}", fmt::join(split_list(o.policies), ",")));
   cmd += fmt::format(" --steps {} --warmup {}", o.steps, o.warmup);
   if (!o.memory_budget.empty()) cmd += " --memory-budget " + shell_quote(o.memory_budget);
-  if (o.max_overhead != 0.5) cmd += fmt::format(" --max-overhead {}", o.max_overhead);
+  if (o.max_overhead != find_knob("max-overhead").default_value) cmd += fmt::format(" --max-overhead {}", o.max_overhead);
   if (o.time_budget != 60) cmd += fmt::format(" --time-budget {}", o.time_budget);
   if (o.threads > 0) cmd += fmt::format(" --threads {}", o.threads);
   report.reproduce = cmd;

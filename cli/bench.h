@@ -13,7 +13,7 @@ struct BenchCliOptions {
   int64_t steps = 10;
   int64_t warmup = 2;
   std::string memory_budget;
-  double max_overhead = 0.5;
+  double max_overhead = find_knob("max-overhead").default_value;  // the overhead check's
   double time_budget = 60;
   int threads = 0;
   std::vector<std::string> reports;

@@ -22,7 +22,7 @@ void setup_diagnose(CLI::App& app, int& exit_code) {
       "Exit status: 0 when nothing diverges, 1 when something does, 2 for bad usage or input.\n"
       "Example: ckcheck diagnose --model transformer --no-preserve-rng");
   add_model_args(*sub, o->model);
-  add_run_flags(*sub, *o);
+  add_run_flags(*sub, *o, select_checks({}));
   sub->add_option("--report", o->reports,
                   "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
       ->type_name("FORMAT[=PATH]");
@@ -37,7 +37,7 @@ int run_diagnose(const RunOptions& o) {
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   const auto config = run_config(o);
   Runner runner(*model, config);
-  const auto outcome = run_checks(runner, plan, tolerance, select_checks({}), o.amp_error_factor);
+  const auto outcome = run_checks(runner, plan, tolerance, select_checks({}), o.knobs);
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);

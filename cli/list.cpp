@@ -38,7 +38,14 @@ int run_list(std::ostream& out) {
          "                               (N defaults to sqrt of the number of candidates)\n"
          "  sites:GLOB[,GLOB]            the candidate sites (and sites nested in them) matching a glob\n";
   out << "\nChecks (--checks id,id):\n";
-  for (const auto& c : builtin_checks()) out << fmt::format("  {:<28} {}\n", c->id(), c->description());
+  for (const auto& c : builtin_checks()) {
+    const auto& info = c->info();
+    out << fmt::format("  {:<28} {} [{}{}]\n", c->id(), info.description, check_kind_name(info.kind),
+                       info.by_default ? "" : ", on request");
+    for (const auto& k : info.knobs) {
+      out << fmt::format("  {:<28} --{} (default {:g}): {}\n", "", k.name, k.default_value, k.help);
+    }
+  }
   out << "\nCauses (in findings):\n";
   for (auto c : all_causes()) out << fmt::format("  {:<28} {}\n", cause_name(c), fix_hint(c));
   out << "\nReport formats (--report FORMAT[=PATH]): " << fmt::format("{}", fmt::join(report_formats(), ", ")) << "\n";

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <csignal>
 #include <chrono>
 #include <iostream>
@@ -16,7 +17,7 @@
 
 namespace ckcheck::cli {
 
-void add_run_flags(CLI::App& app, RunOptions& o) {
+void add_run_flags(CLI::App& app, RunOptions& o, const std::vector<std::unique_ptr<Check>>& checks) {
   app.add_option("--tolerance", o.tolerance,
                  "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N")
       ->capture_default_str();
@@ -36,11 +37,15 @@ void add_run_flags(CLI::App& app, RunOptions& o) {
   app.add_option("--lr", o.lr, "learning rate of the SGD update between steps")
       ->capture_default_str()
       ->check(finite_number(0, 1e6));
-  app.add_option("--amp-error-factor", o.amp_error_factor,
-                 "warn when checkpointed AMP gradients are this many times further from fp32 than "
-                 "plain AMP's (at least 1)")
-      ->capture_default_str()
-      ->check(finite_number(1, 1e6));
+  // Each check's knobs, with the default and range the check declares.
+  for (const auto& c : checks) {
+    for (const auto& k : c->info().knobs) {
+      o.knobs[k.name] = k.default_value;
+      app.add_option("--" + k.name, o.knobs[k.name], fmt::format("{} (the {} check)", k.help, c->id()))
+          ->capture_default_str()
+          ->check(finite_number(k.min, k.max, k.min_open));
+    }
+  }
 }
 
 RunConfig run_config(const RunOptions& o) {
@@ -66,7 +71,7 @@ void setup_run(CLI::App& app, int& exit_code) {
       "usage or input.\n"
       "Example: ckcheck run --model transformer --layers 4 --policy every:1 --report json=r.json");
   add_model_args(*sub, o->model);
-  add_run_flags(*sub, *o);
+  add_run_flags(*sub, *o, builtin_checks());
   std::vector<std::string> ids;
   for (const auto& c : builtin_checks()) ids.push_back(c->id());
   sub->add_option("--checks", o->checks,
@@ -88,9 +93,6 @@ void setup_run(CLI::App& app, int& exit_code) {
       ->check(whole_number(1, 86400));
   sub->add_flag("--diagnose", o->diagnose, "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports");
   sub->add_flag("--bench", o->bench, "also measure memory and time of the plain and checkpointed step, adding the memory and overhead checks");
-  sub->add_option("--max-overhead", o->max_overhead, "with --bench: the most step time checkpointing may add (0.5 = +50%)")
-      ->capture_default_str()
-      ->check(finite_number(0, 1e6, /*lo_open=*/true));
   sub->add_option("--accumulate", o->accumulate,
                   "gradient accumulation: N micro-batches per step (inputs of seeds SEED..SEED+N-1), each with its "
                   "forward and backward, gradients summed; adds the gradient-accumulation check (the sums equal, "
@@ -109,14 +111,15 @@ std::string run_command_line(const RunOptions& o) {
   if (o.restore_buffers) s += " --restore-buffers";
   if (o.recompute_fp32) s += " --recompute-fp32";
   if (o.lr != 0.01) s += fmt::format(" --lr {}", o.lr);
-  if (o.amp_error_factor != 2.0) s += fmt::format(" --amp-error-factor {}", o.amp_error_factor);
   if (!o.checks.empty()) s += " --checks " + fmt::format("{}", fmt::join(o.checks, ","));
   if (o.diagnose) s += " --diagnose";
   if (o.bench) s += " --bench";
   if (o.world_size > 1) s += fmt::format(" --world-size {}", o.world_size);
   if (o.timeout != 300) s += fmt::format(" --timeout {}", o.timeout);
-  if (o.max_overhead != 0.5) s += fmt::format(" --max-overhead {}", o.max_overhead);
   if (o.accumulate != 1) s += fmt::format(" --accumulate {}", o.accumulate);
+  for (const auto& [name, value] : o.knobs) {
+    if (value != find_knob(name).default_value) s += fmt::format(" --{} {}", name, value);
+  }
   return s;
 }
 
@@ -181,7 +184,7 @@ nlohmann::json config_json(const RunOptions& o, const Plan& plan, const RunConfi
                            const Collective* collective, const std::vector<std::unique_ptr<Check>>& checks) {
   std::vector<std::string> ids;
   for (const auto& c : checks) ids.push_back(c->id());
-  return {{"policy", plan.policy.text()},
+  nlohmann::json j = {{"policy", plan.policy.text()},
           {"sites", split_list(o.model.sites)},
           {"seed", o.model.seed},
           {"steps", o.model.steps},
@@ -195,13 +198,18 @@ nlohmann::json config_json(const RunOptions& o, const Plan& plan, const RunConfi
           {"check_input_versions", config.check_input_versions},
           {"restore_buffers", config.restore_buffers},
           {"recompute_fp32", config.recompute_fp32},
-          {"amp_error_factor", o.amp_error_factor},
-          {"max_overhead", o.max_overhead},
           {"bench", o.bench},
           {"accumulate", o.accumulate},
           {"world_size", collective ? collective->world_size() : 1},
           {"backend", collective ? collective->backend() : "none"},
           {"checks", ids}};
+  // Every knob's value, given or default, as NAME_WITH_UNDERSCORES.
+  for (const auto& [name, value] : o.knobs) {
+    std::string key = name;
+    std::replace(key.begin(), key.end(), '-', '_');
+    j[key] = value;
+  }
+  return j;
 }
 
 }  // namespace
@@ -220,7 +228,7 @@ int run_run(const RunOptions& o) {
     throw UsageError("--accumulate runs in one process; drop --world-size (or torchrun) for it");
   }
   // Gradient accumulation adds its own check to those run by default.
-  if (o.accumulate > 1 && o.checks.empty()) checks.push_back(make_gradient_accumulation_check());
+  if (o.accumulate > 1 && o.checks.empty()) checks.push_back(make_check("gradient-accumulation"));
   if (!env && o.world_size > 1) return launch(o, *model, config);
   std::unique_ptr<Collective> collective;
   std::unique_ptr<DataParallel> dp;
@@ -230,7 +238,7 @@ int run_run(const RunOptions& o) {
     config.data_parallel = dp.get();
   }
   Runner runner(*model, config);
-  const auto outcome = run_checks(runner, plan, tolerance, checks, o.amp_error_factor, o.max_overhead,
+  const auto outcome = run_checks(runner, plan, tolerance, checks, o.knobs,
                                   [&](RunRecords& records) { gather_ranks(collective.get(), records); });
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +

@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,14 +22,15 @@ struct RunOptions {
   bool recompute_fp32 = false;
   std::vector<std::string> checks;
   std::vector<std::string> reports;
-  double amp_error_factor = 2.0;
   double lr = 0.01;
   bool diagnose = false;
   bool bench = false;
-  double max_overhead = 0.5;
   int world_size = 1;
   int timeout = 300;
   int64_t accumulate = 1;  // micro-batches per step (gradient accumulation)
+  /// The knobs of the checks this command can run (CheckKnob::name -> value), at their defaults
+  /// unless given.
+  std::map<std::string, double> knobs;
 };
 
 /// Adds the run subcommand; its result goes to `exit_code`.
@@ -40,8 +43,9 @@ int run_run(const RunOptions& options);
 /// The options of a run as a command line (what reports print under "reproduce").
 std::string run_command_line(const RunOptions& options);
 
-/// The run's flags for the protections and knobs (shared with diagnose).
-void add_run_flags(CLI::App& app, RunOptions& options);
+/// The run's flags for the protections, and --NAME for the knob of each of `checks` (shared with
+/// diagnose, which runs the checks run by default).
+void add_run_flags(CLI::App& app, RunOptions& options, const std::vector<std::unique_ptr<Check>>& checks);
 
 /// RunConfig with the protection flags applied.
 RunConfig run_config(const RunOptions& options);

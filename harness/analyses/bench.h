@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "checks/check.h"
 #include "harness/runner/plan.h"
 #include "harness/runner/runner.h"
 
@@ -45,7 +46,8 @@ struct BenchOptions {
   /// more rounds are measured, until this many seconds of measuring have passed.
   double time_budget_s = 60;
   int64_t memory_budget_bytes = -1;  // total for the step (baseline + peak); -1: none
-  double max_overhead = 0.5;         // the field guide's line between acceptable and too fine
+  /// The field guide's line between acceptable and too fine: the overhead check's knob.
+  double max_overhead = find_knob("max-overhead").default_value;
   /// Called before each policy is measured (for a progress bar).
   std::function<void(size_t index, size_t total, const std::string& policy)> progress;
 };
@@ -57,7 +59,7 @@ struct BenchResult {
   int64_t gradient_bytes = 0;
   int64_t adam_state_bytes = 0;  // what Adam's two fp32 moments would add
   int64_t memory_budget_bytes = -1;
-  double max_overhead = 0.5;
+  double max_overhead = find_knob("max-overhead").default_value;  // BenchOptions::max_overhead, as used
   std::string formula;
   std::vector<PolicyBench> policies;
   int64_t rounds = 0;        // measured rounds, extra ones included

@@ -36,10 +36,10 @@ std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepR
 }
 
 RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
-                      const std::vector<std::unique_ptr<Check>>& checks, double amp_error_factor,
-                      double max_overhead, const std::function<void(RunRecords&)>& after_records) {
+                      const std::vector<std::unique_ptr<Check>>& checks, const std::map<std::string, double>& knobs,
+                      const std::function<void(RunRecords&)>& after_records) {
   Needs needs;
-  for (const auto& c : checks) needs |= c->needs();
+  for (const auto& c : checks) needs |= c->info().needs;
   RunOutcome out;
   out.records = runner.run_all(plan, needs);
   if (after_records) after_records(out.records);
@@ -59,8 +59,7 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
     }
     out.records.plain_not_repeated = names;
   }
-  CheckContext ctx{runner.model(), plan,      runner.config(), tolerance,
-                   out.records,    out.diffs, amp_error_factor, max_overhead};
+  CheckContext ctx{runner.model(), plan, runner.config(), tolerance, out.records, out.diffs, knobs};
   for (const auto& c : checks) out.results.push_back(c->run(ctx));
   return out;
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -20,12 +21,13 @@ struct RunOutcome {
 std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepRecord& checkpointed,
                                         const Tolerance& tolerance);
 
-/// Runs the steps the checks need through `runner`, then the checks.
+/// Runs the steps the checks need through `runner`, then the checks, with these knob values
+/// (CheckKnob::name -> value; the others at their defaults).
 /// `after_records` sees the records before the checks do (data-parallel runs gather what the
 /// other ranks saw there).
 RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& tolerance,
                       const std::vector<std::unique_ptr<Check>>& checks,
-                      double amp_error_factor = 2.0, double max_overhead = 0.5,
+                      const std::map<std::string, double>& knobs = {},
                       const std::function<void(RunRecords&)>& after_records = nullptr);
 
 /// pass when no check failed or errored, fail when one failed, error when one errored and none

@@ -23,7 +23,7 @@ TEST(ChecksOnRecords, BuffersUpdatedTwiceFailAsBufferUpdateAtTheirUnit) {
   h.differ("blocks.1.norm.running_mean", state_kind::kBuffer, values(), values(0.5));
   h.call("blocks.0");
   h.call("blocks.1");
-  const auto r = h.run(*make_buffers_check());
+  const auto r = h.run(*make_check("buffers"));
   EXPECT_EQ(r.status, Status::kFail) << r;
   ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kBufferUpdate}) << r;
   EXPECT_EQ(r.findings[0].site, "blocks.1");
@@ -34,7 +34,7 @@ TEST(ChecksOnRecords, BuffersEqualAfterTheStepPass) {
   HandBuiltRecords h;
   h.same("blocks.1.norm.running_mean", state_kind::kBuffer, values());
   h.same("@blocks.1.calls", state_kind::kExtra, values());
-  const auto r = h.run(*make_buffers_check());
+  const auto r = h.run(*make_check("buffers"));
   EXPECT_EQ(r.status, Status::kPass) << r;
   EXPECT_EQ(r.details.at("compared"), 2);
 }
@@ -47,7 +47,7 @@ TEST(ChecksOnRecords, BuffersOfAStatefulSiteNameTheStatefulCause) {
   p.changed_state = {"@blocks.0.calls"};
   auto& c = h.call("blocks.0");
   c.output_diffs[0].equal = false;
-  const auto r = h.run(*make_buffers_check());
+  const auto r = h.run(*make_check("buffers"));
   EXPECT_EQ(r.status, Status::kFail) << r;
   ASSERT_EQ(r.findings.size(), 1u) << r;
   EXPECT_NE(r.findings[0].cause, Cause::kBufferUpdate) << r;
@@ -60,7 +60,7 @@ TEST(ChecksOnRecords, AHookFiringTwiceFailsAsHookCount) {
   HandBuiltRecords h;
   h.records.reference.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.1.fc1.weight", 1, 1, 1}};
   h.records.checkpointed.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.1.fc1.weight", 1, 2, 1}};
-  const auto r = h.run(*make_hooks_check());
+  const auto r = h.run(*make_check("hooks"));
   EXPECT_EQ(r.status, Status::kFail) << r;
   ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kHookCount}) << r;
   EXPECT_EQ(r.findings[0].site, "blocks.1");
@@ -71,7 +71,7 @@ TEST(ChecksOnRecords, HooksFiringAsInThePlainStepPass) {
   HandBuiltRecords h;
   h.records.reference.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.1.fc1.weight", 1, 1, 1}};
   h.records.checkpointed.hooks = h.records.reference.hooks;
-  EXPECT_EQ(h.run(*make_hooks_check()).status, Status::kPass);
+  EXPECT_EQ(h.run(*make_check("hooks")).status, Status::kPass);
 }
 
 // --- input-mutation --------------------------------------------------------------------------
@@ -82,7 +82,7 @@ TEST(ChecksOnRecords, AnInputChangedBeforeTheRecomputeFailsAsInPlace) {
   c.versions_entry = {3};
   c.versions_exit = {3};
   c.versions_recompute = {4};
-  const auto r = h.run(*make_input_mutation_check());
+  const auto r = h.run(*make_check("input-mutation"));
   EXPECT_EQ(r.status, Status::kFail) << r;
   ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kInPlace}) << r;
   EXPECT_EQ(r.findings[0].site, "blocks.1");
@@ -94,7 +94,7 @@ TEST(ChecksOnRecords, StateChangedBeforeARecomputeThatDiffersFailsAsInPlace) {
   auto& c = h.call("blocks.0");
   c.state_changed = {"blocks.0.fc1.weight"};
   c.output_diffs[0].equal = false;
-  const auto r = h.run(*make_input_mutation_check());
+  const auto r = h.run(*make_check("input-mutation"));
   ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kInPlace}) << r;
   EXPECT_EQ(r.findings[0].tensor, "blocks.0.fc1.weight");
 }
@@ -104,7 +104,7 @@ TEST(ChecksOnRecords, InputsUnchangedUntilTheRecomputePass) {
   auto& c = h.call("blocks.1");
   c.versions_entry = c.versions_exit = c.versions_recompute = {3};
   c.state_changed = {"blocks.1.fc1.weight"};  // changed, but the recompute still reproduced the forward
-  EXPECT_EQ(h.run(*make_input_mutation_check()).status, Status::kPass);
+  EXPECT_EQ(h.run(*make_check("input-mutation")).status, Status::kPass);
 }
 
 // --- determinism -----------------------------------------------------------------------------
@@ -116,7 +116,7 @@ TEST(ChecksOnRecords, ASiteThatDiffersFromARestartFailsAsNonDeterministic) {
   p.max_abs_diff = 0.25;
   p.first_outputs = {values()};
   p.other_outputs = {values(0.25)};
-  const auto r = h.run(*make_determinism_check());
+  const auto r = h.run(*make_check("determinism"));
   EXPECT_EQ(r.status, Status::kFail) << r;
   ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kNonDeterministic}) << r;
   EXPECT_EQ(r.findings[0].site, "blocks.1");
@@ -127,7 +127,7 @@ TEST(ChecksOnRecords, ASiteThatRepeatsOnlyFromARestartFailsAsStateful) {
   auto& p = h.probe("blocks.0");
   p.repeat_equal = false;
   p.changed_state = {"@blocks.0.calls"};
-  const auto r = h.run(*make_determinism_check());
+  const auto r = h.run(*make_check("determinism"));
   ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kStateful}) << r;
   EXPECT_EQ(r.findings[0].tensor, "blocks.0.calls");
 }
@@ -136,7 +136,7 @@ TEST(ChecksOnRecords, SitesThatRepeatPassDeterminism) {
   HandBuiltRecords h;
   h.probe("blocks.0");
   h.probe("blocks.1");
-  EXPECT_EQ(h.run(*make_determinism_check()).status, Status::kPass);
+  EXPECT_EQ(h.run(*make_check("determinism")).status, Status::kPass);
 }
 
 // --- rng -------------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ TEST(ChecksOnRecords, ADrawNotReplayedFailsAsRngOnlyWithoutRngPreservation) {
     h.config.preserve_rng_state = preserve;
     h.probe("blocks.1").random_ops = {"aten::bernoulli_"};
     h.call("blocks.1").output_diffs[0].equal = false;
-    const auto r = h.run(*make_rng_check());
+    const auto r = h.run(*make_check("rng"));
     if (preserve) {
       EXPECT_EQ(r.status, Status::kPass) << r;  // the control: the state is replayed
     } else {
@@ -163,7 +163,7 @@ TEST(ChecksOnRecords, APrivateGeneratorFailsAsRngEvenWithRngPreservation) {
   p.random_ops = {"aten::randn"};
   p.private_generator = true;
   h.call("blocks.0").output_diffs[0].equal = false;
-  const auto r = h.run(*make_rng_check());
+  const auto r = h.run(*make_check("rng"));
   ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kRng}) << r;
   EXPECT_EQ(r.findings[0].details.at("private_generator"), true);
 }
@@ -180,7 +180,7 @@ TEST(ChecksOnRecords, AnOpRecomputedInAnotherDtypeFailsAsAutocast) {
     c.recompute_dtypes = {differs ? "Float" : "BFloat16", "BFloat16"};
     c.forward_autocast = {"cpu:BFloat16", "cpu:BFloat16"};
     c.recompute_autocast = {differs ? "off" : "cpu:BFloat16", "cpu:BFloat16"};
-    const auto r = h.run(*make_autocast_check());
+    const auto r = h.run(*make_check("autocast"));
     if (!differs) {
       EXPECT_EQ(r.status, Status::kPass) << r;
       continue;
@@ -194,7 +194,7 @@ TEST(ChecksOnRecords, AnOpRecomputedInAnotherDtypeFailsAsAutocast) {
 
 TEST(ChecksOnRecords, AutocastSkipsWithoutAmp) {
   HandBuiltRecords h;
-  EXPECT_EQ(h.run(*make_autocast_check()).status, Status::kSkip);
+  EXPECT_EQ(h.run(*make_check("autocast")).status, Status::kSkip);
 }
 
 TEST(ChecksOnRecords, CheckpointedAmpFurtherFromFp32ThanPlainAmpWarns) {
@@ -206,7 +206,7 @@ TEST(ChecksOnRecords, CheckpointedAmpFurtherFromFp32ThanPlainAmpWarns) {
     h.records.fp32_reference = StepRecord();
     h.records.fp32_reference->tensors = {{w, "param-grad", 1, values()}};
     h.records.fp32_recompute = h.records.fp32_reference;
-    const auto r = h.run(*make_autocast_check());
+    const auto r = h.run(*make_check("autocast"));
     if (ckpt_error == 0.01) {
       EXPECT_EQ(r.status, Status::kPass) << r;  // as far from fp32 as plain AMP
     } else {
@@ -217,6 +217,18 @@ TEST(ChecksOnRecords, CheckpointedAmpFurtherFromFp32ThanPlainAmpWarns) {
   }
 }
 
+TEST(ChecksOnRecords, TheAmpErrorFactorKnobMovesTheAutocastBound) {
+  HandBuiltRecords h;
+  h.config.amp = Amp::kBf16;
+  const std::string w = "blocks.1.fc1.weight";
+  h.differ(w, "param-grad", values(0.01), values(0.05));  // 5x plain AMP's error
+  h.records.fp32_reference = StepRecord();
+  h.records.fp32_reference->tensors = {{w, "param-grad", 1, values()}};
+  h.records.fp32_recompute = h.records.fp32_reference;
+  EXPECT_EQ(h.run(*make_check("autocast")).status, Status::kWarn);  // the default bound, 2x
+  EXPECT_EQ(h.run(*make_check("autocast"), {{"amp-error-factor", 10.0}}).status, Status::kPass);
+}
+
 // --- nan -------------------------------------------------------------------------------------
 
 TEST(ChecksOnRecords, NanOnlyWithCheckpointingFailsAsIntroduced) {
@@ -224,7 +236,7 @@ TEST(ChecksOnRecords, NanOnlyWithCheckpointingFailsAsIntroduced) {
   auto bad = values();
   bad[3] = std::numeric_limits<float>::quiet_NaN();
   h.differ("blocks.1.fc1.weight", "param-grad", values(), bad);
-  const auto r = h.run(*make_nan_check());
+  const auto r = h.run(*make_check("nan"));
   EXPECT_EQ(r.status, Status::kFail) << r;
   ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kNonFinite}) << r;
   EXPECT_EQ(r.findings[0].details.at("without_checkpointing"), false);
@@ -233,7 +245,7 @@ TEST(ChecksOnRecords, NanOnlyWithCheckpointingFailsAsIntroduced) {
 TEST(ChecksOnRecords, FiniteValuesPassNan) {
   HandBuiltRecords h;
   h.differ("blocks.1.fc1.weight", "param-grad", values(), values(0.5));  // different, but finite
-  EXPECT_EQ(h.run(*make_nan_check()).status, Status::kPass);
+  EXPECT_EQ(h.run(*make_check("nan")).status, Status::kPass);
 }
 
 // --- memory and overhead ---------------------------------------------------------------------
@@ -251,7 +263,7 @@ TEST(ChecksOnRecords, MemoryThatDoesNotGoDownFailsAsNotEffective) {
     HandBuiltRecords h;
     h.records.bench_plain = measured(1000, 1.0);
     h.records.bench_checkpointed = measured(checkpointed_peak, 1.2);
-    const auto r = h.run(*make_memory_check());
+    const auto r = h.run(*make_check("memory"));
     if (checkpointed_peak < 1000) {
       EXPECT_EQ(r.status, Status::kPass) << r;
     } else {
@@ -265,7 +277,7 @@ TEST(ChecksOnRecords, TimeOverTheBoundFailsAsTooFine) {
     HandBuiltRecords h;
     h.records.bench_plain = measured(1000, 1.0);
     h.records.bench_checkpointed = measured(400, checkpointed_seconds);
-    const auto r = h.run(*make_overhead_check(), /*max_overhead=*/0.5);
+    const auto r = h.run(*make_check("overhead"), {{"max-overhead", 0.5}});
     if (checkpointed_seconds < 1.5) {
       EXPECT_EQ(r.status, Status::kPass) << r;
     } else {
@@ -276,8 +288,8 @@ TEST(ChecksOnRecords, TimeOverTheBoundFailsAsTooFine) {
 
 TEST(ChecksOnRecords, MemoryAndOverheadSkipWhenNotMeasured) {
   HandBuiltRecords h;
-  EXPECT_EQ(h.run(*make_memory_check()).status, Status::kSkip);
-  EXPECT_EQ(h.run(*make_overhead_check()).status, Status::kSkip);
+  EXPECT_EQ(h.run(*make_check("memory")).status, Status::kSkip);
+  EXPECT_EQ(h.run(*make_check("overhead")).status, Status::kSkip);
 }
 
 // --- rank-rng and data-parallel --------------------------------------------------------------
@@ -286,7 +298,7 @@ TEST(ChecksOnRecords, RanksStartingFromOneRngStateFailAsRng) {
   for (bool same_state : {true, false}) {
     HandBuiltRecords h;
     h.records.ranks = {{0, 42, true, true, ""}, {1, same_state ? 42u : 43u, true, true, ""}};
-    const auto r = h.run(*make_rank_rng_check());
+    const auto r = h.run(*make_check("rank-rng"));
     if (!same_state) {
       EXPECT_EQ(r.status, Status::kPass) << r;
     } else {
@@ -318,7 +330,7 @@ TEST(ChecksOnRecords, AveragedGradientsThatDifferFromTheWholeBatchFail) {
     h.same(w, "param-grad", values());
     h.records.single_process = StepRecord();
     h.records.single_process->tensors = {{w, "param-grad", 1, values() * 2 + (differs ? 0.5 : 0.0)}};
-    const auto r = h.run(*make_data_parallel_check());
+    const auto r = h.run(*make_check("data-parallel"));
     if (!differs) {
       EXPECT_EQ(r.status, Status::kPass) << r;
     } else {

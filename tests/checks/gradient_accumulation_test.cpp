@@ -26,7 +26,7 @@ struct Accumulated : testing::HandBuiltRecords {
     }
   }
 
-  CheckResult run() const { return HandBuiltRecords::run(*make_gradient_accumulation_check()); }
+  CheckResult run() const { return HandBuiltRecords::run(*make_check("gradient-accumulation")); }
 };
 
 using testing::causes_of;

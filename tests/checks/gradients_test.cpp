@@ -33,7 +33,7 @@ struct Records : testing::HandBuiltRecords {
     }
   }
 
-  CheckResult run() const { return HandBuiltRecords::run(*make_gradients_check()); }
+  CheckResult run() const { return HandBuiltRecords::run(*make_check("gradients")); }
 };
 
 bool has_cause(const CheckResult& r, Cause c) {

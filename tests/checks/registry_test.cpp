@@ -16,12 +16,33 @@ TEST(CheckRegistry, IdsAreUniqueAndDescribed) {
   std::set<std::string> ids;
   for (const auto& c : builtin_checks()) {
     EXPECT_TRUE(ids.insert(c->id()).second) << c->id();
-    EXPECT_FALSE(c->description().empty()) << c->id();
+    EXPECT_FALSE(c->info().description.empty()) << c->id();
   }
   for (const auto& h : hazard_check_ids()) EXPECT_TRUE(ids.count(h)) << h;
   for (const std::string contract : {"gradients", "buffers", "input-mutation", "rng", "autocast", "determinism", "nan"}) {
     EXPECT_TRUE(ids.count(contract)) << contract;
   }
+}
+
+TEST(CheckRegistry, EachCheckDeclaresItsPlaceKindAndKnobs) {
+  std::set<int> orders;
+  std::set<std::string> knobs;
+  for (const auto& c : builtin_checks()) {
+    const auto& info = c->info();
+    EXPECT_TRUE(orders.insert(info.order).second) << c->id() << " shares its report place";
+    for (const auto& k : info.knobs) {
+      EXPECT_TRUE(knobs.insert(k.name).second) << k.name << " is declared twice";
+      EXPECT_GE(k.default_value, k.min) << k.name;
+      EXPECT_LE(k.default_value, k.max) << k.name;
+      EXPECT_EQ(&find_knob(k.name), &find_knob(k.name));
+      EXPECT_EQ(find_knob(k.name).default_value, k.default_value);
+    }
+  }
+  // The hazards diagnose explains a divergence with: the checks of that kind, nothing else.
+  EXPECT_EQ(hazard_check_ids(), (std::vector<std::string>{"input-mutation", "rng", "autocast", "determinism"}));
+  EXPECT_THROW(find_knob("no-such-knob"), UsageError);
+  EXPECT_EQ(make_check("hooks")->id(), "hooks");
+  EXPECT_THROW(make_check("hook"), UsageError);
 }
 
 TEST(CheckRegistry, SelectFailsLoudlyOnUnknownIds) {

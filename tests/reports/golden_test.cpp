@@ -9,6 +9,7 @@
 #include <regex>
 #include <sstream>
 
+#include "ckcheck_test_ops_path.h"
 #include "cli/app.h"
 #include "tests/support/support.h"
 
@@ -67,20 +68,37 @@ class Golden : public ::testing::TestWithParam<std::string> {
     bench_exit_code_ = cli::run_cli({"bench", "--model", "mlp", "--layers", "2", "--hidden", "4", "--policies",
                                      "none,every:1", "--steps", "3", "--warmup", "1", "--time-budget", "0",
                                      "--max-overhead", "100", "--report", "json=" + dir + "/golden_bench.json"});
+    // The diagnosis contract: dropout without RNG replay, found at both blocks, down to the op.
+    diagnose_exit_code_ = cli::run_cli({"diagnose", "--model", "mlp", "--layers", "2", "--hidden", "4", "--dropout",
+                                        "0.5", "--no-preserve-rng", "--report", "console=" + dir + "/golden_diagnose.txt",
+                                        "--report", "json=" + dir + "/golden_diagnose.json", "--report",
+                                        "markdown=" + dir + "/golden_diagnose.md"});
+    // The op-validation contract: an op that changes its argument in place without declaring it.
+    validate_exit_code_ = cli::run_cli({"validate-op", "--library", CKCHECK_TEST_OPS_LIBRARY, "--op",
+                                        "ckcheck_test::mutating", "--cases", "3", "--report",
+                                        "console=" + dir + "/golden_validate-op.txt", "--report",
+                                        "json=" + dir + "/golden_validate-op.json", "--report",
+                                        "markdown=" + dir + "/golden_validate-op.md"});
   }
-  static int exit_code_, bench_exit_code_;
+  // The exit code each command must give: run, diagnose and validate-op find something (1),
+  // bench measures (0).
+  static int exit_code_of(const std::string& file) {
+    if (file.rfind("bench", 0) == 0) return bench_exit_code_;
+    if (file.rfind("diagnose", 0) == 0) return diagnose_exit_code_;
+    if (file.rfind("validate-op", 0) == 0) return validate_exit_code_;
+    return exit_code_;
+  }
+  static int exit_code_, bench_exit_code_, diagnose_exit_code_, validate_exit_code_;
   static std::string dir_;
 };
 int Golden::exit_code_ = -1;
 int Golden::bench_exit_code_ = -1;
+int Golden::diagnose_exit_code_ = -1;
+int Golden::validate_exit_code_ = -1;
 std::string Golden::dir_;
 
 TEST_P(Golden, ReportMatchesItsGoldenFile) {
-  if (GetParam().rfind("bench", 0) == 0) {
-    ASSERT_EQ(bench_exit_code_, 0);
-  } else {
-    ASSERT_EQ(exit_code_, 1);
-  }
+  ASSERT_EQ(exit_code_of(GetParam()), GetParam().rfind("bench", 0) == 0 ? 0 : 1);
   const auto actual = lines_of(dir_ + "/golden_" + GetParam());
   const auto golden = lines_of(testing::test_source_dir() + "/reports/golden/" + GetParam() + ".golden");
   ASSERT_FALSE(golden.empty());
@@ -92,10 +110,13 @@ TEST_P(Golden, ReportMatchesItsGoldenFile) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, Golden,
-                         ::testing::Values("run.txt", "run.json", "run.xml", "run.md", "run.html", "bench.json"),
+                         ::testing::Values("run.txt", "run.json", "run.xml", "run.md", "run.html", "bench.json",
+                                           "diagnose.txt", "diagnose.json", "diagnose.md", "validate-op.txt",
+                                           "validate-op.json", "validate-op.md"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '.', '_');
+                           std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
 

@@ -38,10 +38,9 @@ UnitProbe& HandBuiltRecords::probe(const std::string& site) {
   return records.probes->back();
 }
 
-CheckResult HandBuiltRecords::run(const Check& check, double max_overhead) const {
+CheckResult HandBuiltRecords::run(const Check& check, const std::map<std::string, double>& knobs) const {
   const auto diffs = compare_records(records.reference, records.checkpointed, tolerance);
-  CheckContext ctx{*model, plan, config, tolerance, records, diffs};
-  ctx.max_overhead = max_overhead;
+  CheckContext ctx{*model, plan, config, tolerance, records, diffs, knobs};
   return check.run(ctx);
 }
 

@@ -3,6 +3,7 @@
 // runs; a check sees only what the test wrote.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,8 +33,9 @@ struct HandBuiltRecords {
   /// reference holds until the next probe().
   UnitProbe& probe(const std::string& site);
 
-  /// Runs the check on these records, the diffs computed as the session computes them.
-  CheckResult run(const Check& check, double max_overhead = 0.5) const;
+  /// Runs the check on these records, the diffs computed as the session computes them; knobs not
+  /// given have their declared defaults.
+  CheckResult run(const Check& check, const std::map<std::string, double>& knobs = {}) const;
 };
 
 /// The causes of a result's findings, in order.

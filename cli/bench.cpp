@@ -88,7 +88,7 @@ int run_bench_command(const BenchCliOptions& o) {
   report.model.name = model->name();
   report.model.options = model->options();
   report.model.sites = model->sites();
-  report.verdict = "pass";
+  report.verdict = Verdict::kPass;
   std::string first_error;
   bool any_measured = false;
   for (const auto& p : result.policies) {
@@ -98,8 +98,7 @@ int run_bench_command(const BenchCliOptions& o) {
   if (!any_measured && !first_error.empty()) {
     throw UsageError("the model's training step fails, so nothing could be measured: " + first_error);
   }
-  const auto fields = bench_json(result);
-  for (const auto& [key, value] : fields.items()) report.sections[key] = value;
+  report.bench = result;
   report.config = {{"policies", split_list(o.policies)}, {"steps", o.steps}, {"warmup", o.warmup},
                    {"seed", o.model.seed}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
                    {"memory_budget", o.memory_budget}, {"max_overhead", o.max_overhead}, {"time_budget", o.time_budget},

@@ -49,8 +49,8 @@ int run_diagnose(const RunOptions& o) {
   report.model = model_info(*model, plan);
   report.checks = outcome.results;
   report.tensors = outcome.diffs;
-  report.verdict = d.diverges || d.non_finite ? "fail" : "pass";
-  report.sections["diagnosis"] = diagnosis_json(d);
+  report.verdict = d.diverges || d.non_finite ? Verdict::kFail : Verdict::kPass;
+  report.diagnosis = d;
   report.config = {{"policy", plan.policy.text()}, {"seed", o.model.seed}, {"steps", o.model.steps},
                    {"device", config.device.str()}, {"amp", amp_name(config.amp)},
                    {"tolerance", tolerance.text()}, {"preserve_rng_state", config.preserve_rng_state},
@@ -59,7 +59,7 @@ int run_diagnose(const RunOptions& o) {
   report.reproduce = "ckcheck diagnose" + cmd.substr(std::string("ckcheck run").size());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_reports(report, targets, std::cout, use_color());
-  return report.verdict == "pass" ? 0 : 1;
+  return report.verdict == Verdict::kPass ? 0 : 1;
 }
 
 }  // namespace ckcheck::cli

@@ -254,12 +254,12 @@ int run_run(const RunOptions& o) {
   report.verdict = verdict_of(report.checks);
   report.reproduce = run_command_line(o);
   report.config = config_json(o, plan, runner.config(), tolerance, collective.get(), checks);
-  if (o.diagnose && report.verdict != "pass") {
-    report.sections["diagnosis"] = diagnosis_json(diagnose(runner, plan, tolerance, outcome));
+  if (o.diagnose && report.verdict != Verdict::kPass) {
+    report.diagnosis = diagnose(runner, plan, tolerance, outcome);
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_reports(report, targets, std::cout, use_color());
-  return report.verdict == "pass" ? 0 : 1;
+  return report.verdict == Verdict::kPass ? 0 : 1;
 }
 
 }  // namespace ckcheck::cli

@@ -55,8 +55,8 @@ int run_validate_op(const ValidateOpOptions& o) {
   report.command = "validate-op";
   report.model.name = v.op;
   report.checks = v.checks;
-  report.verdict = v.safe ? "pass" : "fail";
-  report.sections["validation"] = validation_json(v);
+  report.verdict = v.safe ? Verdict::kPass : Verdict::kFail;
+  report.validation = v;
   report.config = {{"library", o.library}, {"op", o.op}, {"shapes", o.shapes}, {"dtype", o.dtype},
                    {"seed", o.seed}, {"cases", o.cases}};
   std::string cmd = "ckcheck validate-op";

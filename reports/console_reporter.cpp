@@ -31,7 +31,15 @@ class ConsoleReporter : public Reporter {
       }
     }
     if (!r.tensors.empty()) worst_tensors(r, out);
-    for (const auto& line : console_sections(r)) out << line << "\n";
+    if (r.validation) {
+      for (const auto& line : validation_lines(*r.validation)) out << line << "\n";
+    }
+    if (r.diagnosis) {
+      for (const auto& line : diagnosis_lines(*r.diagnosis)) out << line << "\n";
+    }
+    if (r.bench) {
+      for (const auto& line : bench_lines(*r.bench)) out << line << "\n";
+    }
     out << "verdict: " << verdict(r) << "\n";
     if (!r.reproduce.empty()) out << "reproduce: " << r.reproduce << "\n";
   }
@@ -80,9 +88,9 @@ class ConsoleReporter : public Reporter {
       warned += c.status == Status::kWarn;
       errored += c.status == Status::kError;
     }
-    std::string v = r.verdict == "pass" ? paint("PASS", "32;1")
-                    : r.verdict == "fail" ? paint("FAIL", "31;1")
-                                          : paint(r.verdict == "error" ? "ERROR" : r.verdict, "35;1");
+    std::string v = r.verdict == Verdict::kPass   ? paint("PASS", "32;1")
+                    : r.verdict == Verdict::kFail ? paint("FAIL", "31;1")
+                                                  : paint("ERROR", "35;1");
     if (!r.checks.empty()) {
       v += fmt::format(" ({} of {} checks failed{}{})", failed, r.checks.size(),
                        errored ? fmt::format(", {} could not judge (error)", errored) : "",

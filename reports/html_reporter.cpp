@@ -17,13 +17,37 @@ th{background:#f3f3f3}.pass{color:#176b2c}.fail{color:#b00020;font-weight:bold}.
 .hint{color:#555;font-style:italic}.num{text-align:right;font-variant-numeric:tabular-nums})";
 
 class HtmlReporter : public Reporter {
+ private:
+  static void bench(const BenchResult& b, std::ostream& out) {
+    out << "<h2>Memory and time per policy</h2>\n<p>" << escape_markup(bench_header(b)) << ".</p>\n";
+    out << bench_svg(b);
+    out << "<table><tr><th>policy</th><th>checkpointed</th><th>peak above baseline</th><th>x none</th><th>analytic</th>"
+           "<th>step time median [min..max]</th><th>x none</th><th>note</th></tr>\n";
+    for (const auto& row : bench_rows(b)) {
+      out << fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
+                         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>\n",
+                         escape_markup(row.policy), row.units, row.peak, row.peak_ratio, row.analytic, row.time,
+                         row.time_ratio, escape_markup(row.note));
+    }
+    out << "</table>\n";
+    out << fmt::format("<p><b>Recommendation:</b> {} ({}).</p>\n",
+                       b.recommendation.empty() ? "none" : "<code>" + escape_markup(b.recommendation) + "</code>",
+                       escape_markup(b.reason));
+    if (!b.warnings.empty()) {
+      out << "<ul>";
+      for (const auto& w : b.warnings) out << "<li class=\"warn\">" << escape_markup(w) << "</li>";
+      out << "</ul>\n";
+    }
+  }
+
  public:
   void write(const Report& r, std::ostream& out) override {
     out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
-    out << fmt::format("<title>ckcheck {} {}: {}</title>\n", r.command, escape_markup(r.model.name), r.verdict);
+    const char* verdict = verdict_name(r.verdict);
+    out << fmt::format("<title>ckcheck {} {}: {}</title>\n", r.command, escape_markup(r.model.name), verdict);
     out << "<style>" << kStyle << "</style></head><body>\n";
     out << fmt::format("<h1>ckcheck {} &middot; <code>{}</code> &middot; <span class=\"{}\">{}</span></h1>\n",
-                       r.command, escape_markup(r.model.name), r.verdict, r.verdict);
+                       r.command, escape_markup(r.model.name), verdict, verdict);
     if (!r.model.policy.empty()) {
       out << fmt::format("<p>Policy <code>{}</code>; checkpointed: {}.</p>\n", escape_markup(r.model.policy),
                          r.model.units.empty() ? std::string("nothing")
@@ -66,7 +90,17 @@ class HtmlReporter : public Reporter {
       }
       out << "</table>\n";
     }
-    out << html_sections(r);
+    if (r.validation) {
+      out << "<h2>Custom op</h2>\n<ul>";
+      for (const auto& l : validation_lines(*r.validation)) out << "<li>" << escape_markup(l) << "</li>";
+      out << "</ul>\n";
+    }
+    if (r.diagnosis) {
+      out << "<h2>Diagnosis</h2>\n<pre>";
+      for (const auto& l : diagnosis_lines(*r.diagnosis)) out << escape_markup(l) << "\n";
+      out << "</pre>\n";
+    }
+    if (r.bench) bench(*r.bench, out);
     if (!r.reproduce.empty()) {
       out << fmt::format("<h2>Reproduce</h2>\n<pre style=\"white-space: pre-wrap; overflow-wrap: anywhere\"><code>{}</code></pre>\n",
                          escape_markup(r.reproduce));

@@ -1,4 +1,7 @@
-// JSON: the report contract (fields may be added, never renamed).
+// JSON: the report contract (fields may be added, never renamed), written here and only here.
+#include <fmt/format.h>
+
+#include "checks/common.h"
 #include "reports/report.h"
 
 namespace ckcheck {
@@ -12,8 +15,160 @@ class JsonReporter : public Reporter {
   }
 };
 
+nlohmann::json view_json(const OpView& v) {
+  if (v.index < 0) return nullptr;
+  return {{"index", v.index}, {"name", v.name},     {"depth", v.depth},     {"site", v.site},
+          {"shapes", v.shapes}, {"dtypes", v.dtypes}, {"autocast", v.autocast}};
+}
+
+nlohmann::json nan_json(const NanOrigin& o) {
+  if (!o.found) return nullptr;
+  return {{"phase", phase_name(o.phase)}, {"op", o.op}, {"site", o.site}, {"node", o.node}, {"index", o.index}};
+}
+
+nlohmann::json op_diff_json(const OpDiff& o) {
+  nlohmann::json od = {{"site", o.site},
+                       {"index", o.index},
+                       {"what", op_difference_name(o.what)},
+                       {"innermost", o.innermost},
+                       {"max_abs", o.max_abs},
+                       {"forward", view_json(o.forward)},
+                       {"recompute", view_json(o.recompute)},
+                       {"forward_ops", o.forward_ops},
+                       {"recompute_ops", o.recompute_ops},
+                       {"note", o.note}};
+  od["context"] = nlohmann::json::array();
+  for (size_t i = 0; i < o.context.size(); ++i) {
+    od["context"].push_back({{"forward", view_json(o.context[i].first)},
+                             {"recompute", view_json(o.context[i].second)},
+                             {"same", o.context_same[i]}});
+  }
+  return od;
+}
+
+nlohmann::json policy_json(const PolicyBench& p, const PolicyBench* none) {
+  nlohmann::json pj = {{"policy", p.policy}, {"checkpointed", p.checkpointed}, {"fits", p.fits}, {"note", p.note}};
+  if (p.measurement.step_seconds.empty()) {
+    pj["peak_bytes"] = nullptr;
+    pj["time_median_s"] = nullptr;
+  } else {
+    pj["peak_bytes"] = p.measurement.peak_bytes;
+    pj["time_median_s"] = p.time_median_s;
+    pj["time_min_s"] = p.time_min_s;
+    pj["time_max_s"] = p.time_max_s;
+    pj["forward_median_s"] = p.forward_median_s;
+    pj["cpu_median_s"] = p.cpu_median_s;
+    pj["time_spread"] = p.time_spread;
+    pj["steps"] = p.measurement.step_seconds.size();
+    if (none) {
+      pj["peak_ratio"] = peak_ratio(p, *none);
+      pj["time_ratio"] = p.time_ratio;
+      pj["time_ratio_low"] = p.time_ratio_low;
+      pj["time_ratio_high"] = p.time_ratio_high;
+      pj["cpu_ratio"] = p.cpu_ratio;
+      pj["cpu_ratio_low"] = p.cpu_ratio_low;
+      pj["cpu_ratio_high"] = p.cpu_ratio_high;
+      pj["instructions_ratio"] = p.instructions_ratio ? nlohmann::json(*p.instructions_ratio) : nlohmann::json(nullptr);
+      // How many forwards of the plain model the checkpointing costs (the recompute should
+      // cost about one forward of the checkpointed sites).
+      pj["extra_time_in_forwards"] =
+          none->forward_median_s > 0 ? (p.time_median_s - none->time_median_s) / none->forward_median_s : 0.0;
+    }
+  }
+  pj["analytic_bytes"] = p.analytic_bytes ? nlohmann::json(*p.analytic_bytes) : nlohmann::json(nullptr);
+  return pj;
+}
+
 }  // namespace
 
 std::unique_ptr<Reporter> make_json_reporter() { return std::make_unique<JsonReporter>(); }
+
+nlohmann::json report_json(const Report& r) {
+  nlohmann::json j;
+  j["tool"] = "ckcheck";
+  j["version"] = ckcheck_version();
+  const auto b = build_info();
+  j["build"] = {{"ckcheck", b.ckcheck}, {"libtorch", b.libtorch}, {"cuda", b.cuda}, {"cuda_version", b.cuda_version}};
+  j["command"] = r.command;
+  j["verdict"] = verdict_name(r.verdict);
+  j["model"] = {{"name", r.model.name},       {"options", r.model.options},
+                {"sites", r.model.sites},     {"candidates", r.model.candidates},
+                {"checkpointed", r.model.checkpointed}, {"units", r.model.units},
+                {"policy", r.model.policy},           {"eval_modules", r.model.eval_modules}};
+  j["config"] = r.config;
+  j["checks"] = nlohmann::json::array();
+  for (const auto& c : r.checks) {
+    nlohmann::json cj = {{"id", c.id}, {"status", status_name(c.status)}, {"summary", c.summary}};
+    cj["findings"] = nlohmann::json::array();
+    for (const auto& f : c.findings) {
+      cj["findings"].push_back({{"cause", cause_name(f.cause)},
+                                {"site", f.site},
+                                {"tensor", f.tensor},
+                                {"message", f.message},
+                                {"hint", f.hint},
+                                {"details", f.details}});
+    }
+    cj["details"] = c.details;
+    j["checks"].push_back(cj);
+  }
+  j["tensors"] = nlohmann::json::array();
+  for (const auto& d : r.tensors) j["tensors"].push_back(diff_json(d));
+  if (r.diagnosis) j["diagnosis"] = diagnosis_json(*r.diagnosis);
+  if (r.validation) j["validation"] = validation_json(*r.validation);
+  if (r.bench) {
+    const auto fields = bench_json(*r.bench);  // its fields stand at the top level
+    for (const auto& [key, value] : fields.items()) j[key] = value;
+  }
+  j["seconds"] = r.seconds;
+  j["reproduce"] = r.reproduce;
+  return j;
+}
+
+nlohmann::json diagnosis_json(const Diagnosis& d) {
+  nlohmann::json j;
+  j["diverges"] = d.diverges;
+  j["non_finite"] = d.non_finite;
+  j["summary"] = d.summary;
+  j["sites"] = nlohmann::json::array();
+  for (const auto& s : d.sites) {
+    j["sites"].push_back({{"site", s.site}, {"cause", cause_name(s.cause)}, {"evidence", s.evidence}, {"hint", s.hint}});
+  }
+  j["interaction"] = d.interaction;
+  j["bisection_runs"] = d.bisection_runs;
+  j["first_divergent_op"] = d.op_diff ? op_diff_json(*d.op_diff) : nlohmann::json(nullptr);
+  j["nan_origin"] = {{"reference", nan_json(d.nan_reference)},
+                     {"checkpointed", nan_json(d.nan_checkpointed)},
+                     {"without_checkpointing", d.nan_reference.found},
+                     {"introduced_by_checkpointing", d.nan_checkpointed.found && !d.nan_reference.found}};
+  return j;
+}
+
+nlohmann::json bench_json(const BenchResult& r) {
+  nlohmann::json j;
+  j["device"] = r.device;
+  j["baseline_bytes"] = r.baseline_bytes;
+  j["parameter_bytes"] = r.parameter_bytes;
+  j["gradient_bytes"] = r.gradient_bytes;
+  j["adam_state_bytes"] = r.adam_state_bytes;
+  j["memory_budget_bytes"] = r.memory_budget_bytes >= 0 ? nlohmann::json(r.memory_budget_bytes) : nlohmann::json(nullptr);
+  j["max_overhead"] = r.max_overhead;
+  j["analytic_formula"] = r.formula;
+  j["clock"] = r.clock;
+  j["rounds"] = r.rounds;
+  j["interleaved"] = true;
+  j["too_noisy"] = r.too_noisy;
+  const PolicyBench* none = measured_none(r);
+  j["policies"] = nlohmann::json::array();
+  for (const auto& p : r.policies) j["policies"].push_back(policy_json(p, none));
+  j["recommendation"] = r.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.recommendation);
+  j["recommendation_reason"] = r.reason;
+  j["warnings"] = r.warnings;
+  return j;
+}
+
+nlohmann::json validation_json(const OpValidation& v) {
+  return {{"op", v.op},       {"schema", v.schema}, {"verdict", v.safe ? "safe" : "unsafe"},
+          {"causes", validation_causes(v)}, {"notes", v.notes}, {"cases", v.cases}};
+}
 
 }  // namespace ckcheck

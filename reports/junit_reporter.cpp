@@ -23,7 +23,7 @@ class JunitReporter : public Reporter {
     out << fmt::format("  <testsuite name=\"{}\" tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{:.3f}\">\n",
                        escape_markup(suite), r.checks.size(), failures, errors, skipped, r.seconds);
     out << "    <properties>\n";
-    out << fmt::format("      <property name=\"verdict\" value=\"{}\"/>\n", escape_markup(r.verdict));
+    out << fmt::format("      <property name=\"verdict\" value=\"{}\"/>\n", verdict_name(r.verdict));
     out << fmt::format("      <property name=\"policy\" value=\"{}\"/>\n", escape_markup(r.model.policy));
     out << fmt::format("      <property name=\"reproduce\" value=\"{}\"/>\n", escape_markup(r.reproduce));
     out << "    </properties>\n";

@@ -25,9 +25,23 @@ std::string md_escape(const std::string& s) {
 }
 
 class MarkdownReporter : public Reporter {
+ private:
+  static void bench(const BenchResult& b, std::ostream& out) {
+    out << "### Memory and time per policy\n\n" << bench_header(b) << ".\n\n";
+    out << "| policy | checkpointed | peak above baseline | x none | analytic | step time median [min..max] | x none | note |\n";
+    out << "|---|---|---|---|---|---|---|---|\n";
+    for (const auto& row : bench_rows(b)) {
+      out << fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} |\n", row.policy, row.units, row.peak,
+                         row.peak_ratio, row.analytic, row.time, row.time_ratio, row.note);
+    }
+    out << "\n**Recommendation:** " << recommendation_text(b, "`", "`") << ".\n\n";
+    for (const auto& w : b.warnings) out << "- warning: " << w << "\n";
+    if (!b.warnings.empty()) out << "\n";
+  }
+
  public:
   void write(const Report& r, std::ostream& out) override {
-    const char* mark = r.verdict == "pass" ? "PASS" : r.verdict == "fail" ? "FAIL" : "ERROR";
+    const char* mark = r.verdict == Verdict::kPass ? "PASS" : r.verdict == Verdict::kFail ? "FAIL" : "ERROR";
     out << fmt::format("## ckcheck {}: {} — `{}`\n\n", r.command, mark, r.model.name);
     if (!r.model.policy.empty()) {
       out << fmt::format("Policy `{}`, checkpointed: {}", r.model.policy,
@@ -75,7 +89,17 @@ class MarkdownReporter : public Reporter {
     } else if (!r.tensors.empty()) {
       out << fmt::format("All {} compared tensors are equal.\n\n", r.tensors.size());
     }
-    for (const auto& line : markdown_sections(r)) out << line << "\n";
+    if (r.validation) {
+      out << "### Custom op\n\n";
+      for (const auto& line : validation_lines(*r.validation)) out << "- " << line << "\n";
+      out << "\n";
+    }
+    if (r.diagnosis) {
+      out << "### Diagnosis\n\n```\n";
+      for (const auto& line : diagnosis_lines(*r.diagnosis)) out << line << "\n";
+      out << "```\n\n";
+    }
+    if (r.bench) bench(*r.bench, out);
     if (!r.reproduce.empty()) out << fmt::format("Reproduce:\n\n```sh\n{}\n```\n", r.reproduce);
   }
 };

@@ -39,42 +39,6 @@ std::string version_text() {
                      b.cuda ? "compiled in (CUDA " + b.cuda_version + ")" : "not compiled in (CPU only)");
 }
 
-nlohmann::json report_json(const Report& r) {
-  nlohmann::json j;
-  j["tool"] = "ckcheck";
-  j["version"] = ckcheck_version();
-  const auto b = build_info();
-  j["build"] = {{"ckcheck", b.ckcheck}, {"libtorch", b.libtorch}, {"cuda", b.cuda}, {"cuda_version", b.cuda_version}};
-  j["command"] = r.command;
-  j["verdict"] = r.verdict;
-  j["model"] = {{"name", r.model.name},       {"options", r.model.options},
-                {"sites", r.model.sites},     {"candidates", r.model.candidates},
-                {"checkpointed", r.model.checkpointed}, {"units", r.model.units},
-                {"policy", r.model.policy},           {"eval_modules", r.model.eval_modules}};
-  j["config"] = r.config;
-  j["checks"] = nlohmann::json::array();
-  for (const auto& c : r.checks) {
-    nlohmann::json cj = {{"id", c.id}, {"status", status_name(c.status)}, {"summary", c.summary}};
-    cj["findings"] = nlohmann::json::array();
-    for (const auto& f : c.findings) {
-      cj["findings"].push_back({{"cause", cause_name(f.cause)},
-                                {"site", f.site},
-                                {"tensor", f.tensor},
-                                {"message", f.message},
-                                {"hint", f.hint},
-                                {"details", f.details}});
-    }
-    cj["details"] = c.details;
-    j["checks"].push_back(cj);
-  }
-  j["tensors"] = nlohmann::json::array();
-  for (const auto& d : r.tensors) j["tensors"].push_back(diff_json(d));
-  for (const auto& [key, value] : r.sections.items()) j[key] = value;
-  j["seconds"] = r.seconds;
-  j["reproduce"] = r.reproduce;
-  return j;
-}
-
 const std::vector<std::string>& report_formats() {
   static const std::vector<std::string> formats = {"console", "json", "junit", "markdown", "html"};
   return formats;

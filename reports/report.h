@@ -5,11 +5,16 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "checks/check.h"
+#include "harness/analyses/bench.h"
+#include "harness/analyses/diagnose.h"
+#include "harness/analyses/session.h"
+#include "harness/analyses/validate_op.h"
 #include "harness/runner/compare.h"
 
 namespace ckcheck {
@@ -27,14 +32,16 @@ struct ModelInfo {
 
 struct Report {
   std::string command = "run";  // run, diagnose, bench, validate-op
-  std::string verdict = "pass";
+  Verdict verdict = Verdict::kPass;
   ModelInfo model;
   nlohmann::json config = nlohmann::json::object();  // every option, defaults filled in
   std::vector<CheckResult> checks;
   std::vector<TensorDiff> tensors;
   std::string reproduce;
-  /// Command-specific sections, already in their JSON form ("diagnosis", "bench", "validation").
-  nlohmann::json sections = nlohmann::json::object();
+  /// What the command found beyond the checks, typed: each format renders it in its own way.
+  std::optional<Diagnosis> diagnosis;      // diagnose, run --diagnose
+  std::optional<BenchResult> bench;        // bench
+  std::optional<OpValidation> validation;  // validate-op
   double seconds = 0.0;
 };
 
@@ -52,8 +59,12 @@ BuildInfo build_info();
 /// The text of `ckcheck --version`.
 std::string version_text();
 
-/// The report as the JSON contract describes it (fields may be added, never renamed).
+/// The report as the JSON contract describes it (fields may be added, never renamed). The
+/// contract is written in one place, json_reporter.cpp, with the JSON form of each typed section:
 nlohmann::json report_json(const Report& report);
+nlohmann::json diagnosis_json(const Diagnosis& diagnosis);  // "diagnosis"
+nlohmann::json bench_json(const BenchResult& bench);        // the bench fields, at the top level
+nlohmann::json validation_json(const OpValidation& validation);  // "validation"
 
 /// Writes a report to a stream it is given; never opens files.
 class Reporter {

@@ -1,5 +1,6 @@
-// Rendering of the command-specific report sections (diagnosis, bench, validation), shared by
-// the text formats so each format file stays about its own layout.
+// The command-specific results of a report (diagnosis, bench, op validation) as text, from their
+// typed form: the lines each text format lays out in its own way (console as is, Markdown fenced
+// or listed, HTML escaped).
 #pragma once
 
 #include <string>
@@ -9,8 +10,21 @@
 
 namespace ckcheck {
 
-std::vector<std::string> console_sections(const Report& r);
-std::vector<std::string> markdown_sections(const Report& r);
-std::string html_sections(const Report& r);
+std::vector<std::string> diagnosis_lines(const Diagnosis& d);
+std::vector<std::string> validation_lines(const OpValidation& v);
+
+/// One row of the bench table, every cell as text ("-" where not measured).
+struct BenchRow {
+  std::string policy, units, peak, peak_ratio, analytic, time, time_ratio, note;
+};
+std::vector<BenchRow> bench_rows(const BenchResult& r);
+/// Device, baseline, rounds and clock, in one sentence.
+std::string bench_header(const BenchResult& r);
+/// "POLICY (why)", the policy between `open` and `close`; "none (why)" without one.
+std::string recommendation_text(const BenchResult& r, const std::string& open, const std::string& close);
+/// The bench section of the console report.
+std::vector<std::string> bench_lines(const BenchResult& r);
+/// Memory against time per policy, as an SVG scatter chart with min..max time bars.
+std::string bench_svg(const BenchResult& r);
 
 }  // namespace ckcheck

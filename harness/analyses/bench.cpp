@@ -529,64 +529,18 @@ void recommend(BenchResult& r) {
   recommend_knee(r, fitting.empty() ? measured : fitting, none);
 }
 
-nlohmann::json bench_json(const BenchResult& r) {
-  nlohmann::json j;
-  j["device"] = r.device;
-  j["baseline_bytes"] = r.baseline_bytes;
-  j["parameter_bytes"] = r.parameter_bytes;
-  j["gradient_bytes"] = r.gradient_bytes;
-  j["adam_state_bytes"] = r.adam_state_bytes;
-  j["memory_budget_bytes"] = r.memory_budget_bytes >= 0 ? nlohmann::json(r.memory_budget_bytes) : nlohmann::json(nullptr);
-  j["max_overhead"] = r.max_overhead;
-  j["analytic_formula"] = r.formula;
-  j["clock"] = r.clock;
-  j["rounds"] = r.rounds;
-  j["interleaved"] = true;
-  j["too_noisy"] = r.too_noisy;
+const PolicyBench* measured_none(const BenchResult& r) {
   const PolicyBench* none = nullptr;
   for (const auto& p : r.policies) {
     if (p.policy == "none" && !p.measurement.step_seconds.empty()) none = &p;
   }
-  j["policies"] = nlohmann::json::array();
-  for (const auto& p : r.policies) {
-    nlohmann::json pj = {{"policy", p.policy}, {"checkpointed", p.checkpointed}, {"fits", p.fits}, {"note", p.note}};
-    if (p.measurement.step_seconds.empty()) {
-      pj["peak_bytes"] = nullptr;
-      pj["time_median_s"] = nullptr;
-    } else {
-      pj["peak_bytes"] = p.measurement.peak_bytes;
-      pj["time_median_s"] = p.time_median_s;
-      pj["time_min_s"] = p.time_min_s;
-      pj["time_max_s"] = p.time_max_s;
-      pj["forward_median_s"] = p.forward_median_s;
-      pj["cpu_median_s"] = p.cpu_median_s;
-      pj["time_spread"] = p.time_spread;
-      pj["steps"] = p.measurement.step_seconds.size();
-      if (none) {
-        pj["peak_ratio"] = none->measurement.peak_bytes > 0
-                               ? static_cast<double>(p.measurement.peak_bytes) / none->measurement.peak_bytes
-                               : 1.0;
-        pj["time_ratio"] = p.time_ratio;
-        pj["time_ratio_low"] = p.time_ratio_low;
-        pj["time_ratio_high"] = p.time_ratio_high;
-        pj["cpu_ratio"] = p.cpu_ratio;
-        pj["cpu_ratio_low"] = p.cpu_ratio_low;
-        pj["cpu_ratio_high"] = p.cpu_ratio_high;
-        pj["instructions_ratio"] = p.instructions_ratio ? nlohmann::json(*p.instructions_ratio) : nlohmann::json(nullptr);
-        // How many forwards of the plain model the checkpointing costs (the recompute should
-        // cost about one forward of the checkpointed sites).
-        pj["extra_time_in_forwards"] = none->forward_median_s > 0
-                                           ? (p.time_median_s - none->time_median_s) / none->forward_median_s
-                                           : 0.0;
-      }
-    }
-    pj["analytic_bytes"] = p.analytic_bytes ? nlohmann::json(*p.analytic_bytes) : nlohmann::json(nullptr);
-    j["policies"].push_back(pj);
-  }
-  j["recommendation"] = r.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.recommendation);
-  j["recommendation_reason"] = r.reason;
-  j["warnings"] = r.warnings;
-  return j;
+  return none;
+}
+
+double peak_ratio(const PolicyBench& p, const PolicyBench& none) {
+  return none.measurement.peak_bytes > 0
+             ? static_cast<double>(p.measurement.peak_bytes) / static_cast<double>(none.measurement.peak_bytes)
+             : 1.0;
 }
 
 }  // namespace ckcheck

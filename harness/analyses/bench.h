@@ -96,8 +96,9 @@ std::array<double, 3> fast_ratio(const std::vector<double>& num, const std::vect
 /// within the ratios' intervals do not rank policies: memory decides between them.
 void recommend(BenchResult& result);
 
-/// The bench fields of the JSON report (device, baseline_bytes, policies, recommendation,
-/// warnings, ...).
-nlohmann::json bench_json(const BenchResult& result);
+/// The policy `none` when it was measured: the reference of every ratio (null otherwise).
+const PolicyBench* measured_none(const BenchResult& result);
+/// A policy's peak memory as a fraction of none's (1 when none allocated nothing).
+double peak_ratio(const PolicyBench& policy, const PolicyBench& none);
 
 }  // namespace ckcheck

@@ -44,14 +44,14 @@ OpView view_of(const OpRecord& r, int64_t index) {
   return {index, r.name, r.depth, r.site, join_shapes(r.shapes), fmt::format("{}", fmt::join(r.dtypes, ",")), r.autocast};
 }
 
-// What differs between two ops at the same position ("" when nothing does).
-std::string difference(const OpRecord& a, const OpRecord& b) {
-  if (a.name != b.name) return "name";
-  if (a.shapes != b.shapes) return "shape";
-  if (a.dtypes != b.dtypes) return "dtype";
-  if (a.autocast != b.autocast) return "autocast";
-  if (!contents_uninformative(a.name) && a.fingerprints != b.fingerprints) return "values";
-  return "";
+// What differs between two ops at the same position.
+OpDifference difference(const OpRecord& a, const OpRecord& b) {
+  if (a.name != b.name) return OpDifference::kName;
+  if (a.shapes != b.shapes) return OpDifference::kShape;
+  if (a.dtypes != b.dtypes) return OpDifference::kDtype;
+  if (a.autocast != b.autocast) return OpDifference::kAutocast;
+  if (!contents_uninformative(a.name) && a.fingerprints != b.fingerprints) return OpDifference::kValues;
+  return OpDifference::kNone;
 }
 
 class Bisector {
@@ -169,7 +169,7 @@ NanOrigin nan_origin(const std::vector<OpRecord>& ops) {
         }
       }
       o.found = true;
-      o.phase = phase_name(ops[at].phase);
+      o.phase = ops[at].phase;
       o.op = ops[at].name;
       o.site = ops[at].site;
       o.node = ops[at].node;
@@ -220,7 +220,7 @@ void describe_value_difference(const CallOps& ops, size_t first, OpDiff& d) {
   for (bool moved = true; moved;) {
     moved = false;
     for (size_t j = at + 1; j < n && fwd[j]->depth > fwd[at]->depth; ++j) {
-      if (fwd[j]->depth == fwd[at]->depth + 1 && !difference(*fwd[j], *rec[j]).empty()) {
+      if (fwd[j]->depth == fwd[at]->depth + 1 && difference(*fwd[j], *rec[j]) != OpDifference::kNone) {
         at = j;
         moved = true;
         break;
@@ -239,7 +239,7 @@ void add_context(const CallOps& ops, size_t first, OpDiff& d) {
     OpView f = i < fwd.size() ? view_of(*fwd[i], static_cast<int64_t>(i)) : OpView{};
     OpView r = i < rec.size() ? view_of(*rec[i], static_cast<int64_t>(i)) : OpView{};
     d.context.emplace_back(f, r);
-    d.context_same.push_back(i < fwd.size() && i < rec.size() && difference(*fwd[i], *rec[i]).empty());
+    d.context_same.push_back(i < fwd.size() && i < rec.size() && difference(*fwd[i], *rec[i]) == OpDifference::kNone);
   }
 }
 
@@ -274,76 +274,52 @@ std::optional<OpDiff> op_diff(Runner& runner, const Plan& plan, const Unit& unit
   size_t first = n;
   for (size_t i = 0; i < n && first == n; ++i) {
     d.what = difference(*fwd[i], *rec_ops[i]);
-    if (!d.what.empty()) first = i;
+    if (d.what != OpDifference::kNone) first = i;
   }
   if (first == n) {
     if (fwd.size() == rec_ops.size()) {
-      d.what.clear();
+      d.what = OpDifference::kNone;
       d.note = "the forward and the recompute ran the same ops with the same outputs";
       return d;
     }
-    d.what = "count";
+    d.what = OpDifference::kCount;
   }
   d.index = static_cast<int64_t>(first);
   if (first < fwd.size()) d.forward = view_of(*fwd[first], static_cast<int64_t>(first));
   if (first < rec_ops.size()) d.recompute = view_of(*rec_ops[first], static_cast<int64_t>(first));
-  if (d.what == "values") describe_value_difference(ops, first, d);
+  if (d.what == OpDifference::kValues) describe_value_difference(ops, first, d);
   // A recompute op without outputs, last before the step failed: the op threw.
   if (!rec.error.empty() && first < rec_ops.size() && first + 1 == rec_ops.size() &&
       rec_ops[first]->shapes.empty() && first < fwd.size() && !fwd[first]->shapes.empty()) {
-    d.what = "error";
+    d.what = OpDifference::kError;
     d.note = "the recompute stopped at this op: " + rec.error;
   }
   add_context(ops, first, d);
   return d;
 }
 
-nlohmann::json view_json(const OpView& v) {
-  if (v.index < 0) return nullptr;
-  return {{"index", v.index}, {"name", v.name},     {"depth", v.depth},     {"site", v.site},
-          {"shapes", v.shapes}, {"dtypes", v.dtypes}, {"autocast", v.autocast}};
-}
-
-nlohmann::json nan_json(const NanOrigin& o) {
-  if (!o.found) return nullptr;
-  return {{"phase", o.phase}, {"op", o.op}, {"site", o.site}, {"node", o.node}, {"index", o.index}};
-}
-
 }  // namespace
 
-nlohmann::json diagnosis_json(const Diagnosis& d) {
-  nlohmann::json j;
-  j["diverges"] = d.diverges;
-  j["non_finite"] = d.non_finite;
-  j["summary"] = d.summary;
-  j["sites"] = nlohmann::json::array();
-  for (const auto& s : d.sites) {
-    j["sites"].push_back({{"site", s.site}, {"cause", cause_name(s.cause)}, {"evidence", s.evidence}, {"hint", s.hint}});
+const char* op_difference_name(OpDifference what) {
+  switch (what) {
+    case OpDifference::kNone:
+      return "";
+    case OpDifference::kName:
+      return "name";
+    case OpDifference::kShape:
+      return "shape";
+    case OpDifference::kDtype:
+      return "dtype";
+    case OpDifference::kAutocast:
+      return "autocast";
+    case OpDifference::kValues:
+      return "values";
+    case OpDifference::kCount:
+      return "count";
+    case OpDifference::kError:
+      return "error";
   }
-  j["interaction"] = d.interaction;
-  j["bisection_runs"] = d.bisection_runs;
-  if (d.op_diff) {
-    const auto& o = *d.op_diff;
-    nlohmann::json od = {{"site", o.site},           {"index", o.index},
-                         {"what", o.what},           {"innermost", o.innermost},
-                         {"max_abs", o.max_abs},     {"forward", view_json(o.forward)},
-                         {"recompute", view_json(o.recompute)}, {"forward_ops", o.forward_ops},
-                         {"recompute_ops", o.recompute_ops}, {"note", o.note}};
-    od["context"] = nlohmann::json::array();
-    for (size_t i = 0; i < o.context.size(); ++i) {
-      od["context"].push_back({{"forward", view_json(o.context[i].first)},
-                               {"recompute", view_json(o.context[i].second)},
-                               {"same", o.context_same[i]}});
-    }
-    j["first_divergent_op"] = od;
-  } else {
-    j["first_divergent_op"] = nullptr;
-  }
-  j["nan_origin"] = {{"reference", nan_json(d.nan_reference)},
-                     {"checkpointed", nan_json(d.nan_checkpointed)},
-                     {"without_checkpointing", d.nan_reference.found},
-                     {"introduced_by_checkpointing", d.nan_checkpointed.found && !d.nan_reference.found}};
-  return j;
+  return "";
 }
 
 namespace {
@@ -398,12 +374,12 @@ std::string summary_of(const Diagnosis& d) {
   if (d.op_diff && d.op_diff->index >= 0) {
     const auto& o = *d.op_diff;
     parts.push_back(fmt::format("first divergent op: {} (op {} of {}, {}){}", o.forward.index >= 0 ? o.forward.name : o.recompute.name,
-                                o.index, o.site, o.what, o.innermost.empty() ? "" : ", inside it " + o.innermost));
+                                o.index, o.site, op_difference_name(o.what), o.innermost.empty() ? "" : ", inside it " + o.innermost));
   }
   if (d.nan_reference.found || d.nan_checkpointed.found) {
     const auto& n = d.nan_reference.found ? d.nan_reference : d.nan_checkpointed;
     parts.push_back(fmt::format("NaN/Inf first from {} at {} in the {}{}", n.op, n.site.empty() ? "(outside any site)" : n.site,
-                                n.phase, d.nan_reference.found ? "; it exists without checkpointing too"
+                                phase_name(n.phase), d.nan_reference.found ? "; it exists without checkpointing too"
                                                                : "; checkpointing introduced it"));
   }
   return fmt::format("{}", fmt::join(parts, "; "));

@@ -26,10 +26,24 @@ struct OpView {
   std::string autocast;
 };
 
+/// What differs at the first divergent op.
+enum class OpDifference {
+  kNone,      // nothing: the ops agree
+  kName,      // another op ran
+  kShape,     // an output of another shape
+  kDtype,     // an output of another dtype
+  kAutocast,  // under another autocast state
+  kValues,    // other output values
+  kCount,     // the forward and the recompute ran different numbers of ops
+  kError,     // the recompute threw at this op
+};
+/// "name", "shape", "dtype", "autocast", "values", "count", "error" ("" for kNone).
+const char* op_difference_name(OpDifference what);
+
 struct OpDiff {
   std::string site;       // the checkpointed unit diffed
   int64_t index = -1;     // first divergent op, -1 when forward and recompute agree op for op
-  std::string what;       // "name", "shape", "dtype", "autocast", "values", "count"
+  OpDifference what = OpDifference::kNone;
   std::string innermost;  // the first divergent op nested deepest under it ("" when it is itself)
   double max_abs = 0.0;   // for "values", when both outputs were kept
   OpView forward, recompute;
@@ -42,7 +56,7 @@ struct OpDiff {
 
 struct NanOrigin {
   bool found = false;
-  std::string phase;  // forward, recompute, backward
+  Phase phase = Phase::kForward;
   std::string op;
   std::string site;
   std::string node;  // the autograd node, in the backward
@@ -66,8 +80,6 @@ struct Diagnosis {
   NanOrigin nan_reference, nan_checkpointed;
   std::string summary;
 };
-
-nlohmann::json diagnosis_json(const Diagnosis& d);
 
 /// Diagnoses a run whose outcome (records and check results) is at hand. Runs further steps
 /// through `runner`: one per bisection test, one traced checkpointed step, and two traced steps

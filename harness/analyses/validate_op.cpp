@@ -446,16 +446,4 @@ OpValidation validate_op(const OpValidationOptions& o) {
   return judge.result(c10::toString(*op.schema), o.cases);
 }
 
-nlohmann::json validation_json(const OpValidation& v) {
-  std::vector<std::string> causes;
-  for (const auto& c : v.checks) {
-    for (const auto& f : c.findings) {
-      const std::string name = cause_name(f.cause);
-      if (std::find(causes.begin(), causes.end(), name) == causes.end()) causes.push_back(name);
-    }
-  }
-  return {{"op", v.op}, {"schema", v.schema}, {"verdict", v.safe ? "safe" : "unsafe"}, {"causes", causes},
-          {"notes", v.notes}, {"cases", v.cases}};
-}
-
 }  // namespace ckcheck

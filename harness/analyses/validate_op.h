@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,17 @@ struct OpValidation {
 /// arguments ckcheck cannot generate.
 OpValidation validate_op(const OpValidationOptions& options);
 
-nlohmann::json validation_json(const OpValidation& v);
+/// The causes of the findings, each once, in the order of the checks.
+inline std::vector<std::string> validation_causes(const OpValidation& v) {
+  std::vector<std::string> causes;
+  for (const auto& c : v.checks) {
+    for (const auto& f : c.findings) {
+      const std::string name = cause_name(f.cause);
+      if (std::find(causes.begin(), causes.end(), name) == causes.end()) causes.push_back(name);
+    }
+  }
+  return causes;
+}
 
 /// "4x16,4x16" -> {{4,16},{4,16}}; throws UsageError otherwise.
 std::vector<std::vector<int64_t>> parse_shapes(const std::string& text);

@@ -123,7 +123,7 @@ namespace testing {
   } catch (const std::exception& e) {
     return ::testing::AssertionFailure() << "ckcheck could not compare " << model_expr << ": " << e.what();
   }
-  if (report.verdict == "pass") return ::testing::AssertionSuccess();
+  if (report.verdict == Verdict::kPass) return ::testing::AssertionSuccess();
   std::ostringstream text;
   make_console_reporter(false)->write(report, text);
   return ::testing::AssertionFailure() << "checkpointing changes " << model_expr << ":\n" << text.str();

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "fixtures/registry.h"
+#include "reports/report.h"
 #include "tests/support/generators.h"
 
 namespace ckcheck {
@@ -89,7 +90,7 @@ TEST_P(DiagnoseNan, LogOfANegativeValueInBlockK) {
   ASSERT_TRUE(d.nan_reference.found);
   EXPECT_EQ(d.nan_reference.op, "aten::log");
   EXPECT_EQ(d.nan_reference.site, "blocks." + std::to_string(k));
-  EXPECT_EQ(d.nan_reference.phase, "forward");
+  EXPECT_EQ(d.nan_reference.phase, Phase::kForward);
   ASSERT_TRUE(d.nan_checkpointed.found);
   EXPECT_EQ(d.nan_checkpointed.op, "aten::log");
   EXPECT_EQ(d.nan_checkpointed.site, "blocks." + std::to_string(k));

@@ -74,7 +74,7 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
       }
       if (probe && probe->private_generator) {
         found = SiteExplanation{site, Cause::kRng, "the site draws from its own torch::Generator, which no checkpoint restores"};
-      } else if (c.rng_consumed && !ctx.config.preserve_rng_state) {
+      } else if (c.rng_consumed && !ctx.config.checkpoint.preserve_rng_state) {
         found = SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
       } else if (first_dtype_difference(c)) {
         found = SiteExplanation{site, Cause::kAutocast, "the recompute runs its ops in other dtypes than the forward"};

@@ -37,7 +37,7 @@ class RngCheck : public Check {
       if (!consumed) continue;
       ++random_sites;
       const bool private_gen = probe && probe->private_generator;
-      if (!differs || !(private_gen || !ctx.config.preserve_rng_state)) continue;
+      if (!differs || !(private_gen || !ctx.config.checkpoint.preserve_rng_state)) continue;
       Finding f;
       f.cause = Cause::kRng;
       f.site = site;
@@ -46,7 +46,7 @@ class RngCheck : public Check {
       f.tensor = ops;
       f.details = {{"random_ops", probe ? probe->random_ops : std::vector<std::string>{}},
                    {"private_generator", private_gen},
-                   {"rng_state_preserved", ctx.config.preserve_rng_state}};
+                   {"rng_state_preserved", ctx.config.checkpoint.preserve_rng_state}};
       if (private_gen) {
         f.message = "the site draws random numbers from its own torch::Generator, which no "
                     "checkpoint saves or restores, so its recompute draws other numbers";

@@ -8,6 +8,9 @@
 #include <csignal>
 #include <chrono>
 #include <iostream>
+#include <optional>
+#include <type_traits>
+#include <variant>
 
 #include "cli/launch.h"
 #include "harness/analyses/diagnose.h"
@@ -17,27 +20,117 @@
 
 namespace ckcheck::cli {
 
-void add_run_flags(CLI::App& app, RunOptions& o, const std::vector<std::unique_ptr<Check>>& checks) {
-  app.add_option("--tolerance", o.tolerance,
-                 "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N")
-      ->capture_default_str();
-  app.add_flag("--no-preserve-rng", o.no_preserve_rng,
-               "do not replay the RNG state in the recompute (shows what dropout does without it)");
-  app.add_flag("--no-restore-autocast", o.no_restore_autocast,
-               "run the recompute without the forward's autocast state");
-  app.add_flag("--no-check-inputs", o.no_check_inputs,
-               "let the checkpoint go on when a segment's input was changed in place (as "
-               "torch.utils.checkpoint does, silently)");
-  app.add_flag("--restore-buffers", o.restore_buffers,
-               "restore each checkpointed site's buffers after its recompute (BatchNorm statistics "
-               "updated once)");
-  app.add_flag("--recompute-fp32", o.recompute_fp32,
-               "keep the recompute in fp32 under --amp (the usual mitigation; measured by the "
-               "autocast check either way)");
-  app.add_option("--lr", o.lr, "learning rate of the SGD update between steps")
-      ->capture_default_str()
-      ->check(finite_number(0, 1e6));
-  // Each check's knobs, with the default and range the check declares.
+namespace {
+
+using RunField = std::variant<bool RunOptions::*, double RunOptions::*, int RunOptions::*, int64_t RunOptions::*,
+                              std::string RunOptions::*, std::vector<std::string> RunOptions::*>;
+
+// One row per option of `ckcheck run` beyond the model's and the checks' knobs: registration and
+// --help, the reproduce line and the test helper all read this table (the report's config records
+// the configuration these options make). Diagnose takes the rows marked `shared`.
+struct RunOption {
+  std::string flag;
+  std::string help;
+  RunField field;
+  std::optional<CLI::Validator> check;
+  bool shared = false;
+};
+
+const std::vector<RunOption>& run_option_table() {
+  static const std::vector<RunOption> table = [] {
+    std::vector<std::string> ids;
+    for (const auto& c : builtin_checks()) ids.push_back(c->id());
+    return std::vector<RunOption>{
+        {"--tolerance", "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N", &RunOptions::tolerance,
+         std::nullopt, true},
+        {"--no-preserve-rng", "do not replay the RNG state in the recompute (shows what dropout does without it)",
+         &RunOptions::no_preserve_rng, std::nullopt, true},
+        {"--no-restore-autocast", "run the recompute without the forward's autocast state",
+         &RunOptions::no_restore_autocast, std::nullopt, true},
+        {"--no-check-inputs",
+         "let the checkpoint go on when a segment's input was changed in place (as torch.utils.checkpoint does, "
+         "silently)",
+         &RunOptions::no_check_inputs, std::nullopt, true},
+        {"--restore-buffers",
+         "restore each checkpointed site's buffers after its recompute (BatchNorm statistics updated once)",
+         &RunOptions::restore_buffers, std::nullopt, true},
+        {"--recompute-fp32",
+         "keep the recompute in fp32 under --amp (the usual mitigation; measured by the autocast check either way)",
+         &RunOptions::recompute_fp32, std::nullopt, true},
+        {"--lr", "learning rate of the SGD update between steps", &RunOptions::lr, finite_number(0, 1e6), true},
+        {"--checks",
+         fmt::format("checks to run, comma-separated (default: all but memory and overhead, which --bench adds): {}",
+                     fmt::join(ids, ", ")),
+         &RunOptions::checks, std::nullopt},
+        {"--diagnose",
+         "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports",
+         &RunOptions::diagnose, std::nullopt},
+        {"--bench",
+         "also measure memory and time of the plain and checkpointed step, adding the memory and overhead checks",
+         &RunOptions::bench, std::nullopt},
+        {"--world-size",
+         "run data-parallel on N ranks (processes) on this machine, meeting through a c10d store on loopback: Gloo "
+         "for CPU tensors, NCCL for CUDA ones; under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) each "
+         "process joins as its rank instead",
+         &RunOptions::world_size, whole_number(1, 256)},
+        {"--timeout",
+         "the wall-clock limit of a data-parallel run, in seconds: past it the run stops with an error naming the "
+         "rank that did not finish",
+         &RunOptions::timeout, whole_number(1, 86400)},
+        {"--accumulate",
+         "gradient accumulation: N micro-batches per step (inputs of seeds SEED..SEED+N-1), each with its forward "
+         "and backward, gradients summed; adds the gradient-accumulation check (the sums equal, bitwise, and every "
+         "gradient hook fires once per micro-batch)",
+         &RunOptions::accumulate, whole_number(1, 64)},
+    };
+  }();
+  return table;
+}
+
+void add_row(CLI::App& app, RunOptions& o, const RunOption& row) {
+  std::visit(
+      [&](auto member) {
+        using T = std::decay_t<decltype(o.*member)>;
+        CLI::Option* opt = nullptr;
+        if constexpr (std::is_same_v<T, bool>) {
+          opt = app.add_flag(row.flag, o.*member, row.help);
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          opt = app.add_option(row.flag, o.*member, row.help)->delimiter(',');
+        } else {
+          opt = app.add_option(row.flag, o.*member, row.help)->capture_default_str();
+        }
+        if (row.check) opt->check(*row.check);
+      },
+      row.field);
+}
+
+// The row as the reproduce line gives it: nothing when the option has its default value.
+std::string reproduce_row(const RunOptions& o, const RunOption& row) {
+  static const RunOptions defaults;
+  return std::visit(
+      [&](auto member) -> std::string {
+        using T = std::decay_t<decltype(o.*member)>;
+        const auto& value = o.*member;
+        if (value == defaults.*member) return "";
+        if constexpr (std::is_same_v<T, bool>) {
+          return " " + row.flag;
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return " " + row.flag + " " + shell_quote(value);
+        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          return fmt::format(" {} {}", row.flag, fmt::join(value, ","));
+        } else {
+          return fmt::format(" {} {}", row.flag, value);
+        }
+      },
+      row.field);
+}
+
+// The rows (all, or those diagnose shares), then each check's knobs with the default and range
+// the check declares.
+void add_run_options(CLI::App& app, RunOptions& o, const std::vector<std::unique_ptr<Check>>& checks, bool all) {
+  for (const auto& row : run_option_table()) {
+    if (all || row.shared) add_row(app, o, row);
+  }
   for (const auto& c : checks) {
     for (const auto& k : c->info().knobs) {
       o.knobs[k.name] = k.default_value;
@@ -48,13 +141,19 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::vector<std::unique_p
   }
 }
 
+}  // namespace
+
+void add_run_flags(CLI::App& app, RunOptions& o, const std::vector<std::unique_ptr<Check>>& checks) {
+  add_run_options(app, o, checks, /*all=*/false);
+}
+
 RunConfig run_config(const RunOptions& o) {
   RunConfig c = run_config(o.model);
-  c.preserve_rng_state = !o.no_preserve_rng;
-  c.restore_autocast = !o.no_restore_autocast;
-  c.check_input_versions = !o.no_check_inputs;
-  c.restore_buffers = o.restore_buffers;
-  c.recompute_fp32 = o.recompute_fp32;
+  c.checkpoint.preserve_rng_state = !o.no_preserve_rng;
+  c.checkpoint.restore_autocast = !o.no_restore_autocast;
+  c.checkpoint.check_input_versions = !o.no_check_inputs;
+  c.checkpoint.restore_buffers = o.restore_buffers;
+  c.checkpoint.recompute_fp32 = o.recompute_fp32;
   c.lr = o.lr;
   c.accumulate = o.accumulate;
   return c;
@@ -71,52 +170,16 @@ void setup_run(CLI::App& app, int& exit_code) {
       "usage or input.\n"
       "Example: ckcheck run --model transformer --layers 4 --policy every:1 --report json=r.json");
   add_model_args(*sub, o->model);
-  add_run_flags(*sub, *o, builtin_checks());
-  std::vector<std::string> ids;
-  for (const auto& c : builtin_checks()) ids.push_back(c->id());
-  sub->add_option("--checks", o->checks,
-                  fmt::format("checks to run, comma-separated (default: all but memory and overhead, which --bench adds): {}", fmt::join(ids, ", ")))
-      ->delimiter(',');
+  add_run_options(*sub, *o, builtin_checks(), /*all=*/true);
   sub->add_option("--report", o->reports,
                   "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
       ->type_name("FORMAT[=PATH]");
-  sub->add_option("--world-size", o->world_size,
-                  "run data-parallel on N ranks (processes) on this machine, meeting through a c10d store on "
-                  "loopback: Gloo for CPU tensors, NCCL for CUDA ones; under torchrun (RANK, WORLD_SIZE, "
-                  "MASTER_ADDR, MASTER_PORT set) each process joins as its rank instead")
-      ->capture_default_str()
-      ->check(whole_number(1, 256));
-  sub->add_option("--timeout", o->timeout,
-                  "the wall-clock limit of a data-parallel run, in seconds: past it the run stops with an error naming the rank "
-                  "that did not finish")
-      ->capture_default_str()
-      ->check(whole_number(1, 86400));
-  sub->add_flag("--diagnose", o->diagnose, "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports");
-  sub->add_flag("--bench", o->bench, "also measure memory and time of the plain and checkpointed step, adding the memory and overhead checks");
-  sub->add_option("--accumulate", o->accumulate,
-                  "gradient accumulation: N micro-batches per step (inputs of seeds SEED..SEED+N-1), each with its "
-                  "forward and backward, gradients summed; adds the gradient-accumulation check (the sums equal, "
-                  "bitwise, and every gradient hook fires once per micro-batch)")
-      ->capture_default_str()
-      ->check(whole_number(1, 64));
   sub->callback([o, &exit_code] { exit_code = run_run(*o); });
 }
 
 std::string run_command_line(const RunOptions& o) {
   std::string s = "ckcheck run " + model_command_line(o.model);
-  if (o.tolerance != "bitwise") s += " --tolerance " + shell_quote(o.tolerance);
-  if (o.no_preserve_rng) s += " --no-preserve-rng";
-  if (o.no_restore_autocast) s += " --no-restore-autocast";
-  if (o.no_check_inputs) s += " --no-check-inputs";
-  if (o.restore_buffers) s += " --restore-buffers";
-  if (o.recompute_fp32) s += " --recompute-fp32";
-  if (o.lr != 0.01) s += fmt::format(" --lr {}", o.lr);
-  if (!o.checks.empty()) s += " --checks " + fmt::format("{}", fmt::join(o.checks, ","));
-  if (o.diagnose) s += " --diagnose";
-  if (o.bench) s += " --bench";
-  if (o.world_size > 1) s += fmt::format(" --world-size {}", o.world_size);
-  if (o.timeout != 300) s += fmt::format(" --timeout {}", o.timeout);
-  if (o.accumulate != 1) s += fmt::format(" --accumulate {}", o.accumulate);
+  for (const auto& row : run_option_table()) s += reproduce_row(o, row);
   for (const auto& [name, value] : o.knobs) {
     if (value != find_knob(name).default_value) s += fmt::format(" --{} {}", name, value);
   }
@@ -193,11 +256,11 @@ nlohmann::json config_json(const RunOptions& o, const Plan& plan, const RunConfi
           {"amp", amp_name(config.amp)},
           {"tolerance", tolerance.text()},
           {"checkpoint", o.model.checkpoint},
-          {"preserve_rng_state", config.preserve_rng_state},
-          {"restore_autocast", config.restore_autocast},
-          {"check_input_versions", config.check_input_versions},
-          {"restore_buffers", config.restore_buffers},
-          {"recompute_fp32", config.recompute_fp32},
+          {"preserve_rng_state", config.checkpoint.preserve_rng_state},
+          {"restore_autocast", config.checkpoint.restore_autocast},
+          {"check_input_versions", config.checkpoint.check_input_versions},
+          {"restore_buffers", config.checkpoint.restore_buffers},
+          {"recompute_fp32", config.checkpoint.recompute_fp32},
           {"bench", o.bench},
           {"accumulate", o.accumulate},
           {"world_size", collective ? collective->world_size() : 1},

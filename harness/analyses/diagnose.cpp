@@ -251,7 +251,8 @@ std::optional<OpDiff> op_diff(Runner& runner, const Plan& plan, const Unit& unit
   o.value_budget_bytes = kValueBudget;
   // Let the step go on where the checkpoint would refuse a changed input: the diff then shows
   // what the recompute would have computed.
-  o.check_input_versions = false;
+  o.checkpoint = runner.config().checkpoint;
+  o.checkpoint->check_input_versions = false;
   const auto rec = runner.run(&p, o, "diagnosis");
   OpDiff d;
   d.site = Plan::unit_label(unit);

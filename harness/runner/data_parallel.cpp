@@ -22,7 +22,7 @@ torch::Tensor DataParallel::shard(const torch::Tensor& global) const {
   return global.narrow(0, rank() * per, per).clone();
 }
 
-void DataParallel::begin_step(const NamedTensors& params) {
+void DataParallel::begin_backward(const NamedTensors& params) {
   if (buckets_.empty() || names_.size() != params.size()) {
     buckets_.clear();
     bucket_of_.assign(params.size(), 0);
@@ -49,7 +49,7 @@ void DataParallel::begin_step(const NamedTensors& params) {
   never_ready.clear();
 }
 
-void DataParallel::on_ready(size_t index, const torch::Tensor& grad) {
+void DataParallel::gradient_ready(size_t index, const torch::Tensor& grad) {
   if (index >= fired_.size()) return;
   if (++fired_[index] == 2) ready_twice.push_back(names_[index]);
   grads_[index] = grads_[index].defined() ? grads_[index] + grad.detach() : grad.detach().clone();

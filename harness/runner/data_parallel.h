@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ckcheck/model.h"
+#include "harness/runner/step_participant.h"
 
 namespace ckcheck {
 
@@ -37,7 +38,8 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
                                                int master_port, const torch::Device& device,
                                                int timeout_seconds);
 
-class DataParallel {
+/// Data parallelism as a participant of the step: the Runner shards, seeds and reduces through it.
+class DataParallel : public StepParticipant {
  public:
   /// Parameters go into buckets of at most `bucket_bytes`, in reverse order (DDP's default is
   /// 25 MiB: the last layers' gradients are ready first).
@@ -46,15 +48,19 @@ class DataParallel {
   int rank() const { return collective_.rank(); }
   int world_size() const { return collective_.world_size(); }
 
+  /// Each rank its own random stream; the global batch is world_size of this rank's.
+  uint64_t seed_offset() const override { return 1000003ull * static_cast<uint64_t>(rank()); }
+  int64_t batch_multiple() const override { return world_size(); }
   /// This rank's rows of a tensor whose first dimension is the global batch.
-  torch::Tensor shard(const torch::Tensor& global) const;
+  torch::Tensor shard(const torch::Tensor& global) const override;
 
+  bool watches_gradients() const override { return true; }
   /// Before a backward: forget the last step's readiness.
-  void begin_step(const NamedTensors& params);
+  void begin_backward(const NamedTensors& params) override;
   /// A parameter's gradient hook fired with `grad`.
-  void on_ready(size_t index, const torch::Tensor& grad);
+  void gradient_ready(size_t index, const torch::Tensor& grad) override;
   /// After the backward: reduce what is left, and leave every gradient averaged over the ranks.
-  void end_step(const NamedTensors& params);
+  void end_step(const NamedTensors& params) override;
 
   /// Parameters whose hook fired more than once, or never, in the last step.
   std::vector<std::string> ready_twice, never_ready;

@@ -339,10 +339,16 @@ class PlanSiteRunner : public UnitSiteRunner {
   bool checkpoints_;
 };
 
-Tensor upstream_for(const Tensor& out, uint64_t seed, int64_t step, size_t index) {
+// The seeded upstream gradient of an output of these sizes, dtype and device.
+Tensor upstream_for(c10::IntArrayRef sizes, const torch::TensorOptions& options, uint64_t seed, int64_t step,
+                    size_t index) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 1000003ull + step * 101ull + index);
-  auto g = torch::randn(out.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat));
-  return g.to(out.device(), out.scalar_type());
+  auto g = torch::randn(sizes, gen, torch::TensorOptions().dtype(torch::kFloat));
+  return g.to(options.device(), options.dtype().toScalarType());
+}
+
+Tensor upstream_for(const Tensor& out, uint64_t seed, int64_t step, size_t index) {
+  return upstream_for(out.sizes(), out.options(), seed, step, index);
 }
 
 c10::ScalarType amp_dtype(Amp amp) { return amp == Amp::kFp16 ? torch::kHalf : torch::kBFloat16; }
@@ -407,20 +413,15 @@ struct Upstream {
   Tensor loss;
 };
 
-Upstream upstream_of(const std::vector<Tensor>& outs, uint64_t seed, int64_t step, DataParallel* dp) {
+Upstream upstream_of(const std::vector<Tensor>& outs, uint64_t seed, int64_t step, const StepParticipant& part) {
   Upstream u;
   u.loss = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
   for (size_t i = 0; i < outs.size(); ++i) {
     if (!outs[i].defined() || !outs[i].is_floating_point()) continue;
-    Tensor g;
-    if (dp && outs[i].dim() > 0) {
-      // This rank's rows of the upstream gradient of the whole batch.
-      auto global = outs[i].sizes().vec();
-      global[0] *= dp->world_size();
-      g = dp->shard(upstream_for(torch::empty(global, outs[i].options()), seed, step, i));
-    } else {
-      g = upstream_for(outs[i], seed, step, i);
-    }
+    // This process's rows of the upstream gradient of the whole batch.
+    auto global = outs[i].sizes().vec();
+    if (!global.empty()) global[0] *= part.batch_multiple();
+    const Tensor g = part.shard(upstream_for(global, outs[i].options(), seed, step, i));
     u.loss = u.loss + (outs[i].detach().to(torch::kDouble) * g.to(torch::kDouble)).sum().cpu();
     if (outs[i].requires_grad()) {
       u.roots.push_back(outs[i]);
@@ -431,18 +432,18 @@ Upstream upstream_of(const std::vector<Tensor>& outs, uint64_t seed, int64_t ste
 }
 
 // Gradient hooks on the parameters, as data-parallel training registers them: counts the
-// firings, and lets the reducer see each gradient as it is ready. Removed when destroyed.
+// firings, and lets the participant see each gradient as it is ready. Removed when destroyed.
 class ParameterHooks {
  public:
-  ParameterHooks(const NamedTensors& params, DataParallel* dp, bool count)
+  ParameterHooks(const NamedTensors& params, StepParticipant& part, bool count)
       : params_(params), fires_(params.size(), 0) {
-    if (!count && !dp) return;
-    if (dp) dp->begin_step(params);
+    part.begin_backward(params);
+    if (!count && !part.watches_gradients()) return;
     for (size_t k = 0; k < params.size(); ++k) {
       if (!params[k].second.requires_grad()) continue;
-      hooks_.emplace_back(k, params[k].second.register_hook([k, dp, this](const Tensor& g) {
+      hooks_.emplace_back(k, params[k].second.register_hook([k, &part, this](const Tensor& g) {
         ++fires_[k];
-        if (dp) dp->on_ready(k, g);
+        part.gradient_ready(k, g);
       }));
     }
   }
@@ -538,28 +539,37 @@ void attach_op_evidence(StepRecord& record) {
 // rank of a data-parallel run draws its own random stream (its own dropout masks), as training
 // seeded per rank does, and takes its shard of the batch; parameters and the global batch come
 // from the shared seed.
-std::vector<Tensor> start_run(Model& model, const ModelState& start, uint64_t seed, DataParallel* dp,
+std::vector<Tensor> start_run(Model& model, const ModelState& start, uint64_t seed, const StepParticipant& part,
                               StepRecord& record) {
   model.restore(start);
-  seed_all(seed + (dp ? 1000003ull * static_cast<uint64_t>(dp->rank()) : 0));
+  seed_all(seed + part.seed_offset());
   record.rng_start = fingerprint(RngState::capture().cpu);
   auto inputs = model.make_inputs(seed);
-  if (dp) {
-    for (auto& x : inputs) x = dp->shard(x);
-  }
+  for (auto& x : inputs) x = part.shard(x);
   return inputs;
 }
 
-// The checkpoint's protections, from the run's configuration and the step's overrides.
+// The step's participant: data parallelism when the run has it and the step uses it, else none.
+StepParticipant& participant_of(const RunConfig& config, const StepOptions& options) {
+  static StepParticipant alone;
+  if (options.data_parallel && config.data_parallel) return *config.data_parallel;
+  return alone;
+}
+
+// The checkpoint's protections: the step's own, or the run's.
 CheckpointOptions checkpoint_options(const RunConfig& config, const StepOptions& options = {}) {
-  return CheckpointOptions()
-      .preserve_rng_state(config.preserve_rng_state)
-      .restore_autocast(config.restore_autocast)
-      .check_input_versions(options.check_input_versions.value_or(config.check_input_versions))
-      .recompute_fp32(options.recompute_fp32.value_or(config.recompute_fp32));
+  return options.checkpoint.value_or(config.checkpoint).options();
 }
 
 }  // namespace
+
+CheckpointOptions CheckpointProtections::options() const {
+  return CheckpointOptions()
+      .preserve_rng_state(preserve_rng_state)
+      .restore_autocast(restore_autocast)
+      .check_input_versions(check_input_versions)
+      .recompute_fp32(recompute_fp32);
+}
 
 StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::string& label) {
   StepRecord record;
@@ -571,12 +581,12 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_, plan);
   auto base = checkpoint_options(config_, options);
   if (plan && (options.evidence || tp)) base.observer(observer);
-  PlanSiteRunner sites(plan, base, model_, config_.restore_buffers, tp);
-  DataParallel* dp = options.data_parallel ? config_.data_parallel : nullptr;
+  PlanSiteRunner sites(plan, base, model_, config_.checkpoint.restore_buffers, tp);
+  StepParticipant& part = participant_of(config_, options);
   const auto t0 = std::chrono::steady_clock::now();
   try {
     std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
-    const auto inputs = start_run(model_, start_, config_.seed, dp, record);
+    const auto inputs = start_run(model_, start_, config_.seed, part, record);
     const auto params = model_.named_parameters();
     std::vector<TensorRecord> input_grads;
     for (int64_t step = 1; step <= config_.steps; ++step) {
@@ -589,11 +599,11 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
         const auto outs = forward_under(autocast, model_, xs, sites);
         quiet.emplace();
         // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
-        const auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, dp);
+        const auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, part);
         record_outputs(record, outs, up.loss, step, mb);
         if (tp) tp->set_phase(Phase::kBackward);
         {
-          ParameterHooks hooks(params, dp, options.count_hooks);
+          ParameterHooks hooks(params, part, options.count_hooks);
           quiet.reset();
           if (!up.roots.empty()) torch::autograd::backward(up.roots, up.grads);
           quiet.emplace();
@@ -602,7 +612,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
         keep_input_grads(input_grads, xs, step, mb);
         if (mb < config_.accumulate) record_partial_grads(record, params, step, mb);
       }
-      if (dp) dp->end_step(params);
+      part.end_step(params);
       observer->flush();
       record_gradients_and_state(record, model_, params, input_grads, step);
       if (step < config_.steps) sgd_update(params, config_.lr);
@@ -669,7 +679,7 @@ Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
   Measurement m;
   auto& meter = MemoryMeter::of(config_.device);
   const auto autocast = autocast_for(config_.amp, config_.device);
-  PlanSiteRunner sites(plan, checkpoint_options(config_), model_, config_.restore_buffers, nullptr);
+  PlanSiteRunner sites(plan, checkpoint_options(config_), model_, config_.checkpoint.restore_buffers, nullptr);
   try {
     model_.restore(start_);
     seed_all(config_.seed);
@@ -736,7 +746,8 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
     r.fp32_reference = run(nullptr, fp32, "fp32 reference");
     StepOptions rec;
     rec.evidence = false;
-    rec.recompute_fp32 = true;
+    rec.checkpoint = config_.checkpoint;
+    rec.checkpoint->recompute_fp32 = true;
     r.fp32_recompute = run(&plan, rec, "checkpointed, fp32 recompute");
   }
   if (needs.single_process && config_.data_parallel) {

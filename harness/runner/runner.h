@@ -25,6 +25,21 @@ const char* amp_name(Amp amp);
 /// Parses off, bf16 or fp16; throws UsageError otherwise.
 Amp parse_amp(const std::string& text);
 
+/// The checkpoint's protections in a run, in one place: what every checkpointed unit's
+/// CheckpointOptions say (switched off only to prove that the checks catch the hazards they guard
+/// against).
+struct CheckpointProtections {
+  bool preserve_rng_state = true;
+  bool restore_autocast = true;
+  bool check_input_versions = true;
+  bool recompute_fp32 = false;
+  bool restore_buffers = false;  // restore each checkpointed site's buffers after its recompute
+
+  /// The CheckpointOptions they stand for (the site runner adds the unit's name, buffers and
+  /// observer).
+  CheckpointOptions options() const;
+};
+
 /// How the steps run.
 struct RunConfig {
   uint64_t seed = 0;
@@ -32,13 +47,7 @@ struct RunConfig {
   double lr = 0.01;  // the SGD step taken between steps when steps > 1
   torch::Device device = torch::kCPU;
   Amp amp = Amp::kOff;
-  // Checkpoint protections, as CheckpointOptions (switched off only to prove checks catch the
-  // hazards they guard against).
-  bool preserve_rng_state = true;
-  bool restore_autocast = true;
-  bool check_input_versions = true;
-  bool recompute_fp32 = false;
-  bool restore_buffers = false;  // restore each checkpointed site's buffers after its recompute
+  CheckpointProtections checkpoint;
   /// Gradient accumulation: each step runs this many micro-batches (inputs of seeds seed,
   /// seed+1, ...), each with its forward and backward, their gradients summed before the update.
   int64_t accumulate = 1;
@@ -182,9 +191,8 @@ struct StepOptions {
   TraceLevel trace = TraceLevel::kNone;
   int64_t value_budget_bytes = 0;  // kFull: output copies kept for the op diff
   std::string value_site;          // kFull: only ops inside this site keep copies
-  std::optional<bool> recompute_fp32;  // overrides RunConfig::recompute_fp32
   std::optional<Amp> amp;              // overrides RunConfig::amp
-  std::optional<bool> check_input_versions;  // overrides RunConfig::check_input_versions
+  std::optional<CheckpointProtections> checkpoint;  // overrides RunConfig::checkpoint
   bool count_hooks = false;  // count each parameter's gradient hook firings
   bool data_parallel = true;  // use RunConfig::data_parallel when there is one
 };

@@ -104,7 +104,7 @@ namespace testing {
     RunConfig config;
     config.seed = options.seed();
     config.steps = options.steps();
-    config.restore_buffers = options.restore_buffers();
+    config.checkpoint.restore_buffers = options.restore_buffers();
     Runner runner(m, config);
     const auto outcome = run_checks(runner, plan, tolerance, select_checks(options.checks()));
     if (!outcome.records.reference.error.empty()) {

@@ -144,7 +144,7 @@ TEST(ChecksOnRecords, SitesThatRepeatPassDeterminism) {
 TEST(ChecksOnRecords, ADrawNotReplayedFailsAsRngOnlyWithoutRngPreservation) {
   for (bool preserve : {false, true}) {
     HandBuiltRecords h;
-    h.config.preserve_rng_state = preserve;
+    h.config.checkpoint.preserve_rng_state = preserve;
     h.probe("blocks.1").random_ops = {"aten::bernoulli_"};
     h.call("blocks.1").output_diffs[0].equal = false;
     const auto r = h.run(*make_check("rng"));

@@ -17,7 +17,7 @@ Diagnosis diagnose_case(const ModelCase& c, bool preserve_rng = true) {
   auto model = make_model(c.model, c.options, c.seed);
   RunConfig config;
   config.seed = c.seed;
-  config.preserve_rng_state = preserve_rng;
+  config.checkpoint.preserve_rng_state = preserve_rng;
   if (c.amp) config.amp = Amp::kBf16;
   const auto plan = Plan::make(*model, {}, Policy::parse(c.policy));
   Runner runner(*model, config);

@@ -19,7 +19,7 @@ struct Pair {
 Pair run_pair(const ModelCase& c, RunConfig config = {}) {
   auto model = make_model(c.model, c.options, c.seed);
   config.seed = c.seed;
-  config.restore_buffers = c.restore_buffers;
+  config.checkpoint.restore_buffers = c.restore_buffers;
   if (c.amp) config.amp = Amp::kBf16;
   Runner runner(*model, config);
   auto plan = Plan::make(*model, {}, Policy::parse(c.policy));
@@ -58,7 +58,7 @@ RC_GTEST_PROP(Runner, CheckpointedStepIsBitwiseEqualToPlain, (const ModelCase& c
 TEST(Runner, NegativeControlWithoutRngPreservationDiffers) {
   ModelCase c{"transformer", {{"dropout", "0.5"}}, "every:1", 3};
   RunConfig config;
-  config.preserve_rng_state = false;
+  config.checkpoint.preserve_rng_state = false;
   auto p = run_pair(c, config);
   ASSERT_TRUE(p.checkpointed.error.empty()) << p.checkpointed.error;
   EXPECT_FALSE(differing(p, false).empty());
@@ -71,7 +71,7 @@ TEST(Runner, NegativeControlWithoutAutocastRestoreDiffers) {
   c.amp = true;
   EXPECT_TRUE(differing(run_pair(c), false).empty());
   RunConfig config;
-  config.restore_autocast = false;
+  config.checkpoint.restore_autocast = false;
   EXPECT_FALSE(differing(run_pair(c, config), false).empty());
 }
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/run.h"
 #include "fixtures/registry.h"
 
 namespace ckcheck::testing {
@@ -29,17 +30,15 @@ std::string CaseResult::summary() const {
 
 CaseResult run_case(const ModelCase& c, const std::vector<std::string>& flags) {
   auto model = make_model(c.model, c.options, c.seed);
-  RunConfig config;
+  // The flags mean what they mean to `ckcheck run`: parsed by its own option table.
+  cli::RunOptions options;
+  CLI::App app;
+  cli::add_run_flags(app, options, select_checks({}));
+  app.parse(std::vector<std::string>(flags.rbegin(), flags.rend()));
+  RunConfig config = cli::run_config(options);
   config.seed = c.seed;
-  config.restore_buffers = c.restore_buffers;
+  config.checkpoint.restore_buffers = config.checkpoint.restore_buffers || c.restore_buffers;
   if (c.amp) config.amp = Amp::kBf16;
-  for (const auto& f : flags) {
-    if (f == "--no-preserve-rng") config.preserve_rng_state = false;
-    else if (f == "--no-restore-autocast") config.restore_autocast = false;
-    else if (f == "--restore-buffers") config.restore_buffers = true;
-    else if (f == "--no-check-inputs") config.check_input_versions = false;
-    else throw std::runtime_error("run_case: unknown flag " + f);
-  }
   const auto plan = Plan::make(*model, {}, Policy::parse(c.policy));
   Runner runner(*model, config);
   auto outcome = run_checks(runner, plan, Tolerance(), select_checks({}));

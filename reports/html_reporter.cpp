@@ -40,19 +40,8 @@ class HtmlReporter : public Reporter {
     }
   }
 
- public:
-  void write(const Report& r, std::ostream& out) override {
-    out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
-    const char* verdict = verdict_name(r.verdict);
-    out << fmt::format("<title>ckcheck {} {}: {}</title>\n", r.command, escape_markup(r.model.name), verdict);
-    out << "<style>" << kStyle << "</style></head><body>\n";
-    out << fmt::format("<h1>ckcheck {} &middot; <code>{}</code> &middot; <span class=\"{}\">{}</span></h1>\n",
-                       r.command, escape_markup(r.model.name), verdict, verdict);
-    if (!r.model.policy.empty()) {
-      out << fmt::format("<p>Policy <code>{}</code>; checkpointed: {}.</p>\n", escape_markup(r.model.policy),
-                         r.model.units.empty() ? std::string("nothing")
-                                               : escape_markup(fmt::format("{}", fmt::join(r.model.units, ", "))));
-    }
+  // The checks, each with its findings and fixes.
+  static void checks_table(const Report& r, std::ostream& out) {
     if (!r.checks.empty()) {
       out << "<h2>Checks</h2>\n<table><tr><th>check</th><th>status</th><th>summary and findings</th></tr>\n";
       for (const auto& c : r.checks) {
@@ -72,6 +61,10 @@ class HtmlReporter : public Reporter {
       }
       out << "</table>\n";
     }
+  }
+
+  // Every compared tensor.
+  static void tensors_table(const Report& r, std::ostream& out) {
     size_t bad = 0;
     for (const auto& d : r.tensors) bad += !d.equal;
     if (!r.tensors.empty()) {
@@ -90,6 +83,23 @@ class HtmlReporter : public Reporter {
       }
       out << "</table>\n";
     }
+  }
+
+ public:
+  void write(const Report& r, std::ostream& out) override {
+    out << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
+    const char* verdict = verdict_name(r.verdict);
+    out << fmt::format("<title>ckcheck {} {}: {}</title>\n", r.command, escape_markup(r.model.name), verdict);
+    out << "<style>" << kStyle << "</style></head><body>\n";
+    out << fmt::format("<h1>ckcheck {} &middot; <code>{}</code> &middot; <span class=\"{}\">{}</span></h1>\n",
+                       r.command, escape_markup(r.model.name), verdict, verdict);
+    if (!r.model.policy.empty()) {
+      out << fmt::format("<p>Policy <code>{}</code>; checkpointed: {}.</p>\n", escape_markup(r.model.policy),
+                         r.model.units.empty() ? std::string("nothing")
+                                               : escape_markup(fmt::format("{}", fmt::join(r.model.units, ", "))));
+    }
+    checks_table(r, out);
+    tensors_table(r, out);
     if (r.validation) {
       out << "<h2>Custom op</h2>\n<ul>";
       for (const auto& l : validation_lines(*r.validation)) out << "<li>" << escape_markup(l) << "</li>";

@@ -39,17 +39,8 @@ class MarkdownReporter : public Reporter {
     if (!b.warnings.empty()) out << "\n";
   }
 
- public:
-  void write(const Report& r, std::ostream& out) override {
-    const char* mark = r.verdict == Verdict::kPass ? "PASS" : r.verdict == Verdict::kFail ? "FAIL" : "ERROR";
-    out << fmt::format("## ckcheck {}: {} — `{}`\n\n", r.command, mark, r.model.name);
-    if (!r.model.policy.empty()) {
-      out << fmt::format("Policy `{}`, checkpointed: {}", r.model.policy,
-                         r.model.units.empty() ? std::string("nothing")
-                                               : fmt::format("`{}`", fmt::join(r.model.units, "`, `")));
-      if (r.config.contains("tolerance")) out << fmt::format(", tolerance `{}`", r.config["tolerance"].get<std::string>());
-      out << ".\n\n";
-    }
+  // The checks, then each finding with its fix.
+  static void checks_table(const Report& r, std::ostream& out) {
     if (!r.checks.empty()) {
       out << "| check | status | summary |\n|---|---|---|\n";
       for (const auto& c : r.checks) {
@@ -71,6 +62,10 @@ class MarkdownReporter : public Reporter {
         out << "\n";
       }
     }
+  }
+
+  // The worst differing tensors, or that all are equal.
+  static void tensors_table(const Report& r, std::ostream& out) {
     std::vector<const TensorDiff*> bad;
     for (const auto& d : r.tensors) {
       if (!d.equal) bad.push_back(&d);
@@ -89,6 +84,21 @@ class MarkdownReporter : public Reporter {
     } else if (!r.tensors.empty()) {
       out << fmt::format("All {} compared tensors are equal.\n\n", r.tensors.size());
     }
+  }
+
+ public:
+  void write(const Report& r, std::ostream& out) override {
+    const char* mark = r.verdict == Verdict::kPass ? "PASS" : r.verdict == Verdict::kFail ? "FAIL" : "ERROR";
+    out << fmt::format("## ckcheck {}: {} — `{}`\n\n", r.command, mark, r.model.name);
+    if (!r.model.policy.empty()) {
+      out << fmt::format("Policy `{}`, checkpointed: {}", r.model.policy,
+                         r.model.units.empty() ? std::string("nothing")
+                                               : fmt::format("`{}`", fmt::join(r.model.units, "`, `")));
+      if (r.config.contains("tolerance")) out << fmt::format(", tolerance `{}`", r.config["tolerance"].get<std::string>());
+      out << ".\n\n";
+    }
+    checks_table(r, out);
+    tensors_table(r, out);
     if (r.validation) {
       out << "### Custom op\n\n";
       for (const auto& line : validation_lines(*r.validation)) out << "- " << line << "\n";

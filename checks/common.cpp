@@ -15,20 +15,24 @@ bool add_finding(CheckResult& r, Finding f) {
   return true;
 }
 
-CheckResult skipped(const std::string& id, std::string summary) {
+namespace {
+
+CheckResult without_verdict(const std::string& id, Status status, std::string summary) {
   CheckResult r;
   r.id = id;
-  r.status = Status::kSkip;
+  r.status = status;
   r.summary = std::move(summary);
   return r;
 }
 
+}  // namespace
+
+CheckResult skipped(const std::string& id, std::string summary) {
+  return without_verdict(id, Status::kSkip, std::move(summary));
+}
+
 CheckResult errored(const std::string& id, std::string summary) {
-  CheckResult r;
-  r.id = id;
-  r.status = Status::kError;
-  r.summary = std::move(summary);
-  return r;
+  return without_verdict(id, Status::kError, std::move(summary));
 }
 
 std::string count_of(size_t n, const std::string& what) {

@@ -9,116 +9,94 @@
 
 namespace ckcheck {
 
-const char* cause_name(Cause cause) {
-  switch (cause) {
-    case Cause::kRng:
-      return "rng";
-    case Cause::kInPlace:
-      return "in-place";
-    case Cause::kAutocast:
-      return "autocast";
-    case Cause::kNonDeterministic:
-      return "non-deterministic";
-    case Cause::kStateful:
-      return "stateful";
-    case Cause::kBufferUpdate:
-      return "buffer-update";
-    case Cause::kMissingGrad:
-      return "missing-grad";
-    case Cause::kNonFinite:
-      return "non-finite";
-    case Cause::kVacuous:
-      return "vacuous";
-    case Cause::kNotEffective:
-      return "not-effective";
-    case Cause::kTooFine:
-      return "too-fine";
-    case Cause::kHookCount:
-      return "hook-count";
-    case Cause::kGradApi:
-      return "grad-api";
-    case Cause::kUnexplained:
-      return "unexplained";
-    case Cause::kAccumulationOrder:
-      return "accumulation-order";
-    case Cause::kAccumulatedGrad:
-      return "accumulated-grad";
-  }
-  return "";
-}
+namespace {
+
+// The words every analysis shares. A word only one check uses lives in that check's file.
+constexpr CauseWord kRngWord{"rng",
+    "keep RNG state: checkpoint with preserve_rng_state (the default), and draw random "
+    "numbers from the default generator, not a private torch::Generator"};
+constexpr CauseWord kInPlaceWord{"in-place",
+    "never modify a checkpointed segment's input in place: clone the input first, or "
+    "move the in-place op out of the segment"};
+constexpr CauseWord kAutocastWord{"autocast",
+    "restore autocast in the recompute (restore_autocast, the default) and keep the "
+    "segment's precision independent of grad mode"};
+constexpr CauseWord kNonDeterministicWord{"non-deterministic",
+    "exclude the non-deterministic op or module from checkpointing (keep its "
+    "activations), or make it deterministic"};
+constexpr CauseWord kStatefulWord{"stateful",
+    "exclude the stateful module from checkpointing, or skip its state update while "
+    "ckcheck::is_recomputing()"};
+constexpr CauseWord kBufferUpdateWord{"buffer-update",
+    "restore the segment's buffers after the recompute (--restore-buffers, "
+    "CheckpointOptions::restore_buffers) or skip the update while is_recomputing()"};
+constexpr CauseWord kMissingGradWord{"missing-grad",
+    "make the segment's input require grad, or use a checkpoint that handles inputs "
+    "without grad (ckcheck::checkpoint does)"};
+constexpr CauseWord kNonFiniteWord{"non-finite",
+    "run `ckcheck diagnose` to find the first op that produced NaN/Inf; keep the "
+    "recompute in fp32 if it appears only with checkpointing"};
+constexpr CauseWord kVacuousWord{"vacuous",
+    "equality proves nothing here: initialise the model so gradients reach the "
+    "checkpointed sites (a zero-initialised head blocks them) or check another seed"};
+constexpr CauseWord kNotEffectiveWord{"not-effective",
+    "activations are not the bottleneck, or the checkpoints are not applied: measure "
+    "with ckcheck bench; use mixed precision or optimizer-state sharding instead"};
+constexpr CauseWord kTooFineWord{"too-fine",
+    "checkpoints too fine: checkpoint every ~4 blocks (every:4), or only the modules "
+    "with large activations (sites:*.attn)"};
+constexpr CauseWord kHookCountWord{"hook-count",
+    "a reentrant checkpoint runs a backward per checkpointed call: checkpoint a shared "
+    "module once per forward, or use DDP's static_graph=True or a non-reentrant checkpoint"};
+constexpr CauseWord kGradApiWord{"grad-api",
+    "a reentrant checkpoint cannot serve autograd::grad or backward(inputs=): take that "
+    "gradient outside the checkpointed sites, or use a non-reentrant checkpoint "
+    "(torch.utils.checkpoint with use_reentrant=False)"};
+constexpr CauseWord kUnexplainedWord{"unexplained",
+    "run `ckcheck diagnose` with the same options to find the first op whose recompute differs, and keep "
+    "that site's activations (exclude it from checkpointing) until the cause is fixed"};
+constexpr CauseWord kAccumulationOrderWord{"accumulation-order",
+    "rounding, not a wrong gradient: a reentrant checkpoint sums the gradient of a tensor used by several "
+    "checkpointed calls in another order; compare with a tolerance (--tolerance rtol=1e-5,atol=1e-7) or use "
+    "a non-reentrant checkpoint (torch.utils.checkpoint with use_reentrant=False) for bitwise equality"};
+
+}  // namespace
+
+const Cause Cause::kRng{kRngWord};
+const Cause Cause::kInPlace{kInPlaceWord};
+const Cause Cause::kAutocast{kAutocastWord};
+const Cause Cause::kNonDeterministic{kNonDeterministicWord};
+const Cause Cause::kStateful{kStatefulWord};
+const Cause Cause::kBufferUpdate{kBufferUpdateWord};
+const Cause Cause::kMissingGrad{kMissingGradWord};
+const Cause Cause::kNonFinite{kNonFiniteWord};
+const Cause Cause::kVacuous{kVacuousWord};
+const Cause Cause::kNotEffective{kNotEffectiveWord};
+const Cause Cause::kTooFine{kTooFineWord};
+const Cause Cause::kHookCount{kHookCountWord};
+const Cause Cause::kGradApi{kGradApiWord};
+const Cause Cause::kUnexplained{kUnexplainedWord};
+const Cause Cause::kAccumulationOrder{kAccumulationOrderWord};
+
+std::ostream& operator<<(std::ostream& os, const Cause& cause) { return os << cause.name(); }
 
 const std::vector<Cause>& all_causes() {
-  static const std::vector<Cause> causes = {
-      Cause::kRng,      Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
-      Cause::kStateful, Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
-      Cause::kVacuous,  Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
-      Cause::kGradApi,  Cause::kUnexplained, Cause::kAccumulationOrder,
-      Cause::kAccumulatedGrad};
+  static const std::vector<Cause> causes = [] {
+    std::vector<Cause> v = {Cause::kRng,         Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
+                            Cause::kStateful,    Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
+                            Cause::kVacuous,     Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
+                            Cause::kGradApi,     Cause::kUnexplained,  Cause::kAccumulationOrder};
+    for (const auto& c : builtin_checks()) v.insert(v.end(), c->info().causes.begin(), c->info().causes.end());
+    return v;
+  }();
   return causes;
 }
 
 std::optional<Cause> parse_cause(const std::string& name) {
   for (auto c : all_causes()) {
-    if (name == cause_name(c)) return c;
+    if (name == c.name()) return c;
   }
   return std::nullopt;
-}
-
-std::string fix_hint(Cause cause) {
-  switch (cause) {
-    case Cause::kRng:
-      return "keep RNG state: checkpoint with preserve_rng_state (the default), and draw random "
-             "numbers from the default generator, not a private torch::Generator";
-    case Cause::kInPlace:
-      return "never modify a checkpointed segment's input in place: clone the input first, or "
-             "move the in-place op out of the segment";
-    case Cause::kAutocast:
-      return "restore autocast in the recompute (restore_autocast, the default) and keep the "
-             "segment's precision independent of grad mode";
-    case Cause::kNonDeterministic:
-      return "exclude the non-deterministic op or module from checkpointing (keep its "
-             "activations), or make it deterministic";
-    case Cause::kStateful:
-      return "exclude the stateful module from checkpointing, or skip its state update while "
-             "ckcheck::is_recomputing()";
-    case Cause::kBufferUpdate:
-      return "restore the segment's buffers after the recompute (--restore-buffers, "
-             "CheckpointOptions::restore_buffers) or skip the update while is_recomputing()";
-    case Cause::kMissingGrad:
-      return "make the segment's input require grad, or use a checkpoint that handles inputs "
-             "without grad (ckcheck::checkpoint does)";
-    case Cause::kNonFinite:
-      return "run `ckcheck diagnose` to find the first op that produced NaN/Inf; keep the "
-             "recompute in fp32 if it appears only with checkpointing";
-    case Cause::kVacuous:
-      return "equality proves nothing here: initialise the model so gradients reach the "
-             "checkpointed sites (a zero-initialised head blocks them) or check another seed";
-    case Cause::kNotEffective:
-      return "activations are not the bottleneck, or the checkpoints are not applied: measure "
-             "with ckcheck bench; use mixed precision or optimizer-state sharding instead";
-    case Cause::kTooFine:
-      return "checkpoints too fine: checkpoint every ~4 blocks (every:4), or only the modules "
-             "with large activations (sites:*.attn)";
-    case Cause::kHookCount:
-      return "a reentrant checkpoint runs a backward per checkpointed call: checkpoint a shared "
-             "module once per forward, or use DDP's static_graph=True or a non-reentrant checkpoint";
-    case Cause::kGradApi:
-      return "a reentrant checkpoint cannot serve autograd::grad or backward(inputs=): take that "
-             "gradient outside the checkpointed sites, or use a non-reentrant checkpoint "
-             "(torch.utils.checkpoint with use_reentrant=False)";
-    case Cause::kUnexplained:
-      return "run `ckcheck diagnose` with the same options to find the first op whose recompute differs, and keep "
-             "that site's activations (exclude it from checkpointing) until the cause is fixed";
-    case Cause::kAccumulationOrder:
-      return "rounding, not a wrong gradient: a reentrant checkpoint sums the gradient of a tensor used by several "
-             "checkpointed calls in another order; compare with a tolerance (--tolerance rtol=1e-5,atol=1e-7) or use "
-             "a non-reentrant checkpoint (torch.utils.checkpoint with use_reentrant=False) for bitwise equality";
-    case Cause::kAccumulatedGrad:
-      return "something in the checkpointed region (a hook, a gradient-release optimisation, a hand-written "
-             "checkpoint) assigns or frees .grad during the recompute: accumulate into .grad, never assign or "
-             "clear it before the optimizer step";
-  }
-  return "";
 }
 
 const char* status_name(Status status) {

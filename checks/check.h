@@ -9,6 +9,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckcheck/model.h"
@@ -18,31 +19,58 @@
 
 namespace ckcheck {
 
-/// Why a checkpointed run differs. The names are part of the report contract.
-enum class Cause {
-  kRng,               // rng
-  kInPlace,           // in-place
-  kAutocast,          // autocast
-  kNonDeterministic,  // non-deterministic
-  kStateful,          // stateful
-  kBufferUpdate,      // buffer-update
-  kMissingGrad,       // missing-grad
-  kNonFinite,         // non-finite
-  kVacuous,           // vacuous
-  kNotEffective,      // not-effective: checkpointing does not lower peak memory
-  kTooFine,           // too-fine: checkpointing costs more time than the stated bound
-  kHookCount,         // hook-count: a gradient hook fires other than once (DDP's ready marking)
-  kGradApi,           // grad-api: the step takes autograd::grad or backward(inputs=) through a checkpoint
-  kUnexplained,       // unexplained: the recompute differs from the forward and no check found why
-  kAccumulationOrder, // accumulation-order: gradients differ by rounding only, summed in another order
-  kAccumulatedGrad,   // accumulated-grad: the checkpointed step changes gradients earlier micro-batches accumulated
+/// One word of the cause vocabulary: its name in reports (part of the report contract) and the
+/// fix, in one line, in the words practitioners use.
+struct CauseWord {
+  const char* name;
+  const char* hint;
 };
 
-const char* cause_name(Cause cause);
-std::optional<Cause> parse_cause(const std::string& name);
-const std::vector<Cause>& all_causes();
+/// Why a checkpointed run differs: a word of the vocabulary. The words every analysis shares are
+/// Cause::kRng and its siblings (check.cpp); a check that brings a word of its own declares it in
+/// its file and lists it in its CheckInfo::causes:
+///
+///   constexpr CauseWord kMyWord{"my-cause", "the fix, in one line"};
+///   const Cause kMyCause{kMyWord};
+///
+/// A Cause is a handle to its word: copied freely, compared by identity.
+class Cause {
+ public:
+  constexpr explicit Cause(const CauseWord& word) : word_(&word) {}
+  const char* name() const { return word_->name; }
+  const char* hint() const { return word_->hint; }
+  bool operator==(const Cause& o) const { return word_ == o.word_; }
+  bool operator!=(const Cause& o) const { return word_ != o.word_; }
+  /// By name, for sets and sorted listings.
+  bool operator<(const Cause& o) const { return std::string_view(name()) < std::string_view(o.name()); }
+
+  static const Cause kRng;               // rng
+  static const Cause kInPlace;           // in-place
+  static const Cause kAutocast;          // autocast
+  static const Cause kNonDeterministic;  // non-deterministic
+  static const Cause kStateful;          // stateful
+  static const Cause kBufferUpdate;      // buffer-update
+  static const Cause kMissingGrad;       // missing-grad
+  static const Cause kNonFinite;         // non-finite
+  static const Cause kVacuous;           // vacuous
+  static const Cause kNotEffective;      // not-effective: checkpointing does not lower peak memory
+  static const Cause kTooFine;           // too-fine: checkpointing costs more time than the stated bound
+  static const Cause kHookCount;         // hook-count: a gradient hook fires other than once (DDP's ready marking)
+  static const Cause kGradApi;           // grad-api: autograd::grad or backward(inputs=) through a reentrant checkpoint
+  static const Cause kUnexplained;       // unexplained: the recompute differs and no check found why
+  static const Cause kAccumulationOrder; // accumulation-order: gradients differ by rounding only, summed in another order
+
+ private:
+  const CauseWord* word_;
+};
+std::ostream& operator<<(std::ostream& os, const Cause& cause);
+
+inline const char* cause_name(Cause cause) { return cause.name(); }
 /// The fix, in one line, in the words practitioners use.
-std::string fix_hint(Cause cause);
+inline std::string fix_hint(Cause cause) { return cause.hint(); }
+/// The whole vocabulary: the shared words, then those the registered checks bring, in check order.
+const std::vector<Cause>& all_causes();
+std::optional<Cause> parse_cause(const std::string& name);
 
 enum class Status { kPass, kWarn, kFail, kSkip, kError };
 const char* status_name(Status status);
@@ -99,6 +127,7 @@ struct CheckInfo {
   bool by_default = true;   // run without being asked (memory and overhead need --bench)
   Needs needs;              // what the Runner must record for it beyond the two steps
   std::vector<CheckKnob> knobs;
+  std::vector<Cause> causes;  // words this check adds to the cause vocabulary (beyond Cause::k*)
 };
 
 /// What a check reads. Checks never run models: everything comes from the records.

@@ -113,26 +113,6 @@ int64_t plain_fires(const CheckContext& ctx, const HookCount& h) {
   return plain;
 }
 
-std::map<std::string, int64_t> first_differing_micro_batch(const CheckContext& ctx) {
-  static const std::string marker = " after micro-batch ";
-  std::map<std::string, int64_t> first;
-  if (ctx.config.accumulate < 2) return first;
-  for (const auto& d : ctx.diffs) {
-    if (d.kind != kPartialGradKind || d.equal) continue;
-    const auto at = d.name.rfind(marker);
-    if (at == std::string::npos) continue;
-    const auto param = d.name.substr(0, at);
-    const int64_t micro_batch = std::stoll(d.name.substr(at + marker.size()));
-    auto it = first.find(param);
-    if (it == first.end() || micro_batch < it->second) first[param] = micro_batch;
-  }
-  // Equal after every micro-batch but the last: the sum is the first to differ.
-  for (const auto& d : ctx.diffs) {
-    if (d.kind == "param-grad" && !d.equal && !first.count(d.name)) first[d.name] = ctx.config.accumulate;
-  }
-  return first;
-}
-
 namespace {
 
 // Machine epsilon of a floating-point dtype (0 for others).
@@ -152,7 +132,7 @@ double epsilon_of(const torch::Tensor& t) {
 }
 
 bool is_gradient(const std::string& kind) {
-  return kind == "param-grad" || kind == "input-grad" || kind == kPartialGradKind;
+  return kind.rfind("param-grad", 0) == 0 || kind == "input-grad";  // and the kinds of param-grad (partial sums)
 }
 
 }  // namespace

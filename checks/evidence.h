@@ -29,11 +29,6 @@ bool recompute_differs(const CallEvidence& call);
 /// For every checkpointed unit whose evidence shows a hazard, its cause, in plan order.
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx);
 
-/// Under gradient accumulation: for each parameter whose summed gradient differs, the first
-/// micro-batch after which its accumulated gradient differs (from the kPartialGradKind records;
-/// the number of micro-batches when only the sum does). Empty without accumulation.
-std::map<std::string, int64_t> first_differing_micro_batch(const CheckContext& ctx);
-
 /// How many epsilons of a gradient's largest value a different summation order may move it.
 constexpr double kReassociationEps = 1024.0;
 

@@ -14,6 +14,35 @@
 namespace ckcheck {
 namespace {
 
+constexpr CauseWord kAccumulatedGradWord{
+    "accumulated-grad",
+    "something in the checkpointed region (a hook, a gradient-release optimisation, a hand-written "
+    "checkpoint) assigns or frees .grad during the recompute: accumulate into .grad, never assign or "
+    "clear it before the optimizer step"};
+const Cause kAccumulatedGrad{kAccumulatedGradWord};
+
+// For each parameter whose summed gradient differs, the first micro-batch after which its
+// accumulated gradient differs (from the partial-sum records, "NAME after micro-batch K"; the number
+// of micro-batches when only the sum does).
+std::map<std::string, int64_t> first_differing_micro_batch(const CheckContext& ctx) {
+  static const std::string marker = " after micro-batch ";
+  std::map<std::string, int64_t> first;
+  for (const auto& d : ctx.diffs) {
+    if (d.kind != kPartialGradKind || d.equal) continue;
+    const auto at = d.name.rfind(marker);
+    if (at == std::string::npos) continue;
+    const auto param = d.name.substr(0, at);
+    const int64_t micro_batch = std::stoll(d.name.substr(at + marker.size()));
+    auto it = first.find(param);
+    if (it == first.end() || micro_batch < it->second) first[param] = micro_batch;
+  }
+  // Equal after every micro-batch but the last: the sum is the first to differ.
+  for (const auto& d : ctx.diffs) {
+    if (d.kind == "param-grad" && !d.equal && !first.count(d.name)) first[d.name] = ctx.config.accumulate;
+  }
+  return first;
+}
+
 void add_gradient_findings(const CheckContext& ctx, CheckResult& r) {
   const auto partial = first_differing_micro_batch(ctx);
   const auto explained = explain_sites(ctx);
@@ -34,7 +63,7 @@ void add_gradient_findings(const CheckContext& ctx, CheckResult& r) {
                               d.name, ctx.config.accumulate, d.max_abs, kReassociationEps);
     } else if (at > 1) {
       // Equal after the first micro-batch, different later: the step changed what was accumulated.
-      f.cause = Cause::kAccumulatedGrad;
+      f.cause = kAccumulatedGrad;
       f.message = fmt::format(
           "the gradient of {} summed over {} micro-batches differs from the plain micro-batches' (max abs {:.3g}): "
           "equal after micro-batch 1, it first differs after micro-batch {}, so the checkpointed step changed "
@@ -75,6 +104,7 @@ class GradientAccumulationCheck : public Check {
                   "and every gradient hook fires once per micro-batch"};
       i.by_default = false;  // run asks for it with --accumulate
       i.needs.hooks = true;
+      i.causes = {kAccumulatedGrad};
       return i;
     }();
     return info;

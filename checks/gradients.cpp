@@ -27,13 +27,11 @@ struct Group {
 struct StepEvidence {
   std::vector<SiteExplanation> explained;  // sites whose recompute differs, and why
   bool rounding = false;                   // the differences are rounding only
-  std::map<std::string, int64_t> later;    // parameter -> first micro-batch after which it differs
 };
 
 // The cause and site of one differing tensor, and the evidence for it, in words.
 Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidence& step, std::string& evidence) {
   const auto& explained = step.explained;
-  const auto& later = step.later;
   Finding f;
   if (d.missing != "none") {
     f.cause = Cause::kMissingGrad;
@@ -49,11 +47,12 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
         "every recompute reproduced its forward bitwise and the loss and outputs are equal; the gradient "
         "differs by {:.3g}, within {} epsilons of its largest value: the backward summed the same "
         "contributions in another order", d.max_abs, kReassociationEps);
-  } else if (d.kind == "param-grad" && later.count(d.name) && later.at(d.name) > 1) {
-    f.cause = Cause::kAccumulatedGrad;
+  } else if (explained.empty() && ctx.config.accumulate > 1) {
+    // Summed over micro-batches: the gradient-accumulation check names the one after which it differs.
+    f.cause = Cause::kUnexplained;
     f.site = owning_unit(ctx.plan, d.name);
-    evidence = fmt::format("equal after micro-batch 1, it first differs after micro-batch {}: the checkpointed step "
-                           "changed the gradient accumulated before it", later.at(d.name));
+    evidence = "no site-level evidence explains it; the gradient-accumulation check names the micro-batch after "
+               "which it first differs";
   } else {
     f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
     f.site = explained.empty() ? "" : explained.front().site;
@@ -155,7 +154,6 @@ class GradientsCheck : public Check {
     StepEvidence step;
     step.explained = explain_sites(ctx);
     step.rounding = rounding_only(ctx, step.explained);
-    step.later = first_differing_micro_batch(ctx);
     std::vector<Group> groups;
     size_t compared = 0, differing = 0;
     for (const auto& d : ctx.diffs) {

@@ -30,7 +30,7 @@ struct Expected {
   ModelCase model;
   bool preserve_rng;
   std::string site;
-  Cause cause;
+  Cause cause = Cause::kUnexplained;
   std::string op;         // the first divergent op
   std::string innermost;  // "" when not checked
 };

@@ -64,7 +64,7 @@ struct HazardCase {
   ModelCase model;
   std::vector<std::string> flags;
   std::string check;   // the check that must fail
-  Cause cause;
+  Cause cause = Cause::kUnexplained;
   std::string site;    // a site the check must name ("" for any)
   std::string command() const {
     return model.command(fmt::format("{}", fmt::join(flags, " ")));

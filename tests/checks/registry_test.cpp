@@ -64,6 +64,21 @@ TEST(Causes, VocabularyRoundTripsAndHasHints) {
   EXPECT_FALSE(parse_cause("unknown").has_value());
 }
 
+// The vocabulary is the shared words and those the checks declare; a name is one word only.
+TEST(Causes, ChecksAddTheirOwnWordsAndNoNameIsTakenTwice) {
+  std::set<std::string> names;
+  size_t declared = 0;
+  for (auto c : all_causes()) EXPECT_TRUE(names.insert(cause_name(c)).second) << "twice: " << c;
+  for (const auto& check : builtin_checks()) {
+    for (auto c : check->info().causes) {
+      ++declared;
+      EXPECT_EQ(parse_cause(c.name()), c) << check->id() << " declares " << c << " outside the vocabulary";
+    }
+  }
+  EXPECT_GT(declared, 0u) << "no check declares a word of its own";
+  EXPECT_TRUE(parse_cause("accumulated-grad").has_value());
+}
+
 class EveryModel : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(EveryModel, BuildsWithDefaultsAndIsReproducible) {

@@ -1,5 +1,7 @@
 // overhead (run --bench): checkpointing adds at most the stated share of the plain step's time
 // (50% by default: the field guide expects 20-40%, and more than 50% means checkpoints too fine).
+#include "checks/overhead.h"
+
 #include "checks/common.h"
 
 namespace ckcheck {
@@ -52,6 +54,8 @@ class OverheadCheck : public Check {
 };
 
 }  // namespace
+
+const CheckKnob& max_overhead_knob() { return kMaxOverhead; }
 
 CKCHECK_REGISTER_CHECK(OverheadCheck);
 

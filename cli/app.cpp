@@ -35,6 +35,16 @@ int fail_usage(const std::string& message) {
 
 }  // namespace
 
+std::string flag_for_field(const std::string& field) {
+  for (const auto& flag : {flag_of(model_option_table(), field), flag_of(run_option_table(), field),
+                           flag_of(bench_option_table(), field), flag_of(validate_op_option_table(), field)}) {
+    if (!flag.empty()) return flag;
+  }
+  std::string words = field;
+  std::replace(words.begin(), words.end(), '_', '-');
+  return "--" + words;  // a built-in model's option, --report
+}
+
 int run_cli(const std::vector<std::string>& args) {
   CLI::App app{"ckcheck: tells whether gradient checkpointing is correct and worth it for a model, "
                "before the GPU time is spent.\nRun `ckcheck COMMAND --help` for a command's options."};
@@ -69,6 +79,8 @@ int run_cli(const std::vector<std::string>& args) {
     }
     const std::string hint = subs.empty() ? "ckcheck --help" : "ckcheck " + subs.front()->get_name() + " --help";
     return fail_usage(std::string(e.what()) + " (see `" + hint + "`)");
+  } catch (const FieldError& e) {
+    return fail_usage(e.render(flag_for_field));
   } catch (const UsageError& e) {
     return fail_usage(e.what());
   } catch (const c10::Error& e) {

@@ -13,6 +13,48 @@
 
 namespace ckcheck::cli {
 
+const OptionTable<BenchCliOptions>& bench_option_table() {
+  static const OptionTable<BenchCliOptions> table = [] {
+    using Row = OptionRow<BenchCliOptions>;
+    const auto& knob = max_overhead_knob();
+    OptionTable<BenchCliOptions> t;
+    t.push_back(Row("--policies",
+                    "policies to measure, comma-separated (default: none, every:1, every:2, every:4, segments:sqrt, "
+                    "sites:*.attn, sites:*.ffn -- those that apply to the model)",
+                    &BenchCliOptions::policies)
+                    .check(non_empty("a policy, as every:2"))
+                    .config("policies"));
+    t.push_back(Row("--steps", "measured rounds (one step of each policy per round)", &BenchCliOptions::steps)
+                    .check(whole_number(1, 10000))
+                    .always()
+                    .config("steps"));
+    t.push_back(Row("--warmup", "unmeasured steps before them", &BenchCliOptions::warmup)
+                    .check(whole_number(0, 1000))
+                    .always()
+                    .config("warmup"));
+    t.push_back(Row("--memory-budget", "memory the step may use, as 8GiB or 512MiB: recommend the fastest policy that fits",
+                    &BenchCliOptions::memory_budget)
+                    .check(non_empty("a memory size, as 8GiB or 512MiB"))
+                    .config("memory_budget"));
+    t.push_back(Row("--" + knob.name, "warn above this much extra step time (0.5 = +50%; the overhead check's bound)",
+                    &BenchCliOptions::max_overhead)
+                    .check(finite_number(knob.min, knob.max, knob.min_open))
+                    .config("max_overhead"));
+    t.push_back(Row("--time-budget",
+                    "seconds of extra rounds allowed when a policy measures faster than none beyond the noise (it "
+                    "does more work, so the machine is noisy); past it only the memory verdict is given",
+                    &BenchCliOptions::time_budget)
+                    .check(finite_number(0, 86400))
+                    .config("time_budget"));
+    t.push_back(Row("--threads",
+                    fmt::format("intra-op threads, 1 to {} (four per hardware thread; default: LibTorch's)", max_threads()),
+                    &BenchCliOptions::threads)
+                    .check(whole_number(1, static_cast<uint64_t>(max_threads()))));
+    return t;
+  }();
+  return table;
+}
+
 void setup_bench(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<BenchCliOptions>();
   auto* sub = app.add_subcommand(
@@ -30,27 +72,7 @@ void setup_bench(CLI::App& app, int& exit_code) {
       "Example: ckcheck bench --model transformer --layers 8 --hidden 256 --seq 128 --policies "
       "none,every:1,every:2,every:4 --report html=bench.html");
   add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false);
-  sub->add_option("--policies", o->policies,
-                  "policies to measure, comma-separated (default: none, every:1, every:2, every:4, "
-                  "segments:sqrt, sites:*.attn, sites:*.ffn -- those that apply to the model)")
-      ->delimiter(',')
-      ->check(non_empty("a policy, as every:2"));
-  sub->add_option("--steps", o->steps, "measured rounds (one step of each policy per round)")->capture_default_str()->check(whole_number(1, 10000));
-  sub->add_option("--warmup", o->warmup, "unmeasured steps before them")->capture_default_str()->check(whole_number(0, 1000));
-  sub->add_option("--memory-budget", o->memory_budget, "memory the step may use, as 8GiB or 512MiB: recommend the fastest policy that fits")
-      ->check(non_empty("a memory size, as 8GiB or 512MiB"));
-  const auto& knob = find_knob("max-overhead");
-  sub->add_option("--max-overhead", o->max_overhead, "warn above this much extra step time (0.5 = +50%)")
-      ->capture_default_str()
-      ->check(finite_number(knob.min, knob.max, knob.min_open));
-  sub->add_option("--time-budget", o->time_budget,
-                  "seconds of extra rounds allowed when a policy measures faster than none beyond the noise (it "
-                  "does more work, so the machine is noisy); past it only the memory verdict is given")
-      ->capture_default_str()
-      ->check(finite_number(0, 86400));
-  sub->add_option("--threads", o->threads,
-                  fmt::format("intra-op threads, 1 to {} (four per hardware thread; default: LibTorch's)", max_threads()))
-      ->check(whole_number(1, static_cast<uint64_t>(max_threads())));
+  add_options(*sub, *o, bench_option_table());
   sub->add_option("--report", o->reports,
                   "FORMAT or FORMAT=PATH, repeatable: console (default), json, markdown, html (with a memory-time chart), junit")
       ->type_name("FORMAT[=PATH]");
@@ -99,17 +121,11 @@ int run_bench_command(const BenchCliOptions& o) {
     throw UsageError("the model's training step fails, so nothing could be measured: " + first_error);
   }
   report.bench = result;
-  report.config = {{"policies", split_list(o.policies)}, {"steps", o.steps}, {"warmup", o.warmup},
-                   {"seed", o.model.seed}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
-                   {"memory_budget", o.memory_budget}, {"max_overhead", o.max_overhead}, {"time_budget", o.time_budget},
-                   {"threads", torch::get_num_threads()}};
-  std::string cmd = "ckcheck bench " + model_command_line(o.model, /*with_policy=*/false);
-  if (!o.policies.empty()) cmd += " --policies " + shell_quote(fmt::format("{}", fmt::join(split_list(o.policies), ",")));
-  cmd += fmt::format(" --steps {} --warmup {}", o.steps, o.warmup);
-  if (!o.memory_budget.empty()) cmd += " --memory-budget " + shell_quote(o.memory_budget);
-  if (o.max_overhead != find_knob("max-overhead").default_value) cmd += fmt::format(" --max-overhead {}", o.max_overhead);
-  if (o.time_budget != 60) cmd += fmt::format(" --time-budget {}", o.time_budget);
-  if (o.threads > 0) cmd += fmt::format(" --threads {}", o.threads);
+  // The rows' values, and what the run made of the others.
+  report.config = config_options(o, bench_option_table());
+  report.config.update({{"seed", o.model.seed}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
+                        {"threads", torch::get_num_threads()}});
+  const auto cmd = "ckcheck bench " + model_command_line(o.model, /*with_policy=*/false) + reproduce_options(o, bench_option_table());
   report.reproduce = cmd;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_reports(report, targets, std::cout, use_color());

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "checks/overhead.h"
 #include "cli/common.h"
 
 namespace ckcheck::cli {
@@ -13,11 +14,14 @@ struct BenchCliOptions {
   int64_t steps = 10;
   int64_t warmup = 2;
   std::string memory_budget;
-  double max_overhead = find_knob("max-overhead").default_value;  // the overhead check's
+  double max_overhead = max_overhead_knob().default_value;  // the overhead check's knob
   double time_budget = 60;
   int threads = 0;
   std::vector<std::string> reports;
 };
+
+/// The options of `ckcheck bench` beyond the model's, one row each (option_table.h).
+const OptionTable<BenchCliOptions>& bench_option_table();
 
 void setup_bench(CLI::App& app, int& exit_code);
 

@@ -58,79 +58,106 @@ void add_builtin_model_options(CLI::App& app, ModelArgs& args) {
     auto* opt = group->add_option("--" + name, args.raw_options[name], fmt::format("{}", fmt::join(parts, "; ")));
     args.option_flags.push_back({name, opt});
   }
-
 }
 
-// How a file model's inputs are made, and its training flags.
-void add_input_options(CLI::App& app, ModelArgs& args) {
-  auto* ts = app.add_option_group("File model inputs", "for --model PATH.pt and Python factories that return no inputs");
-  auto note = [&args](const std::string& name) {
-    return [&args, name](const std::string&) { args.torchscript_flags.push_back(name); };
+const char* const kFileInputs = "File model inputs";
+
+}  // namespace
+
+const OptionTable<ModelArgs>& model_option_table() {
+  static const OptionTable<ModelArgs> table = [] {
+    std::vector<std::string> names;
+    for (const auto& s : builtin_models()) names.push_back(s.name);
+    OptionTable<ModelArgs> t;
+    t.push_back(OptionRow<ModelArgs>(
+                    "--model", fmt::format("the model: a built-in one ({}), the path of a TorchScript file, or a "
+                                           "Python factory FILE.py[:CALLABLE] or package.module:CALLABLE (CALLABLE "
+                                           "defaults to make_model) that returns an nn.Module, (module, inputs[, loss]) "
+                                           "or a dict with model and any of inputs, args, kwargs, loss, enable, disable; "
+                                           "inputs: a tensor, a tuple of positional or a dict of keyword arguments",
+                                           fmt::join(names, ", ")),
+                    &ModelArgs::model)
+                    .required()
+                    .always());
+    // How a file model's inputs are made, and its training flags.
+    t.push_back(OptionRow<ModelArgs>("--input-shape", "shape of a seeded random input, as 2,3,224,224", &ModelArgs::input_shape)
+                    .group(kFileInputs));
+    t.push_back(OptionRow<ModelArgs>("--input-dtype", "float32, float64, float16, bfloat16, int64 or int32", &ModelArgs::input_dtype)
+                    .group(kFileInputs));
+    t.push_back(OptionRow<ModelArgs>("--input-range", "LO,HI: integers in [LO, HI) for token ids; uniform in [LO, HI) for floats",
+                                     &ModelArgs::input_range)
+                    .group(kFileInputs));
+    t.push_back(OptionRow<ModelArgs>("--input", "a file of input tensors saved from Python (torch.save of a tensor, list or tuple)",
+                                     &ModelArgs::input_file)
+                    .field("input_file")
+                    .group(kFileInputs));
+    t.push_back(OptionRow<ModelArgs>("--mode",
+                                     "training flags: as-saved (each module's flag as exported: a BatchNorm frozen in eval "
+                                     "stays frozen), train or eval (every module)",
+                                     &ModelArgs::mode)
+                    .check(CLI::IsMember({"as-saved", "train", "eval"}))
+                    .group(kFileInputs));
+    t.push_back(OptionRow<ModelArgs>("--checkpoint",
+                                     "the checkpoint under test: ckcheck (ckcheck's own, every model), and for Python "
+                                     "models torch (torch.utils.checkpoint, use_reentrant=False), torch-reentrant "
+                                     "(use_reentrant=True) or model (the model's own switch, as "
+                                     "gradient_checkpointing_enable()); the reference is always the model without "
+                                     "checkpoints",
+                                     &ModelArgs::checkpoint)
+                    .check(CLI::IsMember({"ckcheck", "torch", "torch-reentrant", "model"}))
+                    .config("checkpoint"));
+    t.push_back(OptionRow<ModelArgs>("--sites",
+                                     "where checkpoints may go: globs over module paths, comma-separated or repeated "
+                                     "(default: the model's own blocks); '*' matches dots too, as in '*.attn'",
+                                     &ModelArgs::sites)
+                    .check(non_empty("a glob over module paths, as 'blocks.*'"))
+                    .config("sites"));
+    t.push_back(OptionRow<ModelArgs>("--policy",
+                                     "which candidate sites are checkpointed: none, every:K, segments[:N] (N defaults to "
+                                     "sqrt of the candidates), sites:GLOB[,GLOB]",
+                                     &ModelArgs::policy)
+                    .always());
+    t.push_back(OptionRow<ModelArgs>("--seed", "seed for parameters, inputs, dropout and upstream gradients (0 to 2^64-1)",
+                                     &ModelArgs::seed)
+                    .check(whole_number(0, UINT64_MAX))
+                    .always()
+                    .config("seed"));
+    t.push_back(OptionRow<ModelArgs>("--steps", "training steps, with an SGD update between them", &ModelArgs::steps)
+                    .check(whole_number(1, 10000))
+                    .config("steps"));
+    t.push_back(OptionRow<ModelArgs>("--device", "cpu, cuda or cuda:N", &ModelArgs::device));
+    t.push_back(OptionRow<ModelArgs>("--amp", "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)", &ModelArgs::amp));
+    return t;
+  }();
+  return table;
+}
+
+namespace {
+
+// The rows a command takes: all, less --policy for commands that take several policies and less
+// --steps for those that count their own.
+std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps) {
+  return [with_policy, with_steps](const OptionRow<ModelArgs>& row) {
+    return (with_policy || row.flag() != "--policy") && (with_steps || row.flag() != "--steps");
   };
-  ts->add_option("--input-shape", args.input_shape, "shape of a seeded random input, as 2,3,224,224")
-      ->each(note("--input-shape"));
-  ts->add_option("--input-dtype", args.input_dtype, "float32, float64, float16, bfloat16, int64 or int32")
-      ->capture_default_str()
-      ->each(note("--input-dtype"));
-  ts->add_option("--input-range", args.input_range, "LO,HI: integers in [LO, HI) for token ids; uniform in [LO, HI) for floats")
-      ->each(note("--input-range"));
-  ts->add_option("--input", args.input_file, "a file of input tensors saved from Python (torch.save of a tensor, list or tuple)")
-      ->each(note("--input"));
-  ts->add_option("--mode", args.mode,
-                 "training flags: as-saved (each module's flag as exported: a BatchNorm frozen in eval stays frozen), "
-                 "train or eval (every module)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"as-saved", "train", "eval"}))
-      ->each(note("--mode"));
 }
 
 }  // namespace
 
 void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps) {
-  std::vector<std::string> names;
-  for (const auto& s : builtin_models()) names.push_back(s.name);
-  app.add_option("--model", args.model,
-                 fmt::format("the model: a built-in one ({}), the path of a TorchScript file, or a "
-                             "Python factory FILE.py[:CALLABLE] or package.module:CALLABLE (CALLABLE "
-                             "defaults to make_model) that returns an nn.Module, (module, inputs[, loss]) "
-                             "or a dict with model and any of inputs, args, kwargs, loss, enable, disable; "
-                             "inputs: a tensor, a tuple of positional or a dict of keyword arguments",
-                             fmt::join(names, ", ")))
-      ->required();
-  app.add_option("--checkpoint", args.checkpoint,
-                 "the checkpoint under test: ckcheck (ckcheck's own, every model), and for Python "
-                 "models torch (torch.utils.checkpoint, use_reentrant=False), torch-reentrant "
-                 "(use_reentrant=True) or model (the model's own switch, as "
-                 "gradient_checkpointing_enable()); the reference is always the model without "
-                 "checkpoints")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ckcheck", "torch", "torch-reentrant", "model"}));
-
+  const auto keep = model_rows(with_policy, with_steps);
+  CLI::App* inputs = nullptr;
+  for (const auto& row : model_option_table()) {
+    if (!keep(row)) continue;
+    if (row.group_name().empty()) {
+      row.add(app, args);
+      continue;
+    }
+    // A file model's input options, noted when given: a built-in model refuses them.
+    if (!inputs) inputs = app.add_option_group(row.group_name(), "for --model PATH.pt and Python factories that return no inputs");
+    row.add(*inputs, args)->each([&args, flag = row.flag()](const std::string&) { args.torchscript_flags.push_back(flag); });
+  }
   add_builtin_model_options(app, args);
-
-  app.add_option("--sites", args.sites,
-                 "where checkpoints may go: globs over module paths, comma-separated or repeated "
-                 "(default: the model's own blocks); '*' matches dots too, as in '*.attn'")
-      ->delimiter(',')
-      ->check(non_empty("a glob over module paths, as 'blocks.*'"));
-  if (with_policy) {
-    app.add_option("--policy", args.policy,
-                   "which candidate sites are checkpointed: none, every:K, segments[:N] (N "
-                   "defaults to sqrt of the candidates), sites:GLOB[,GLOB]")
-        ->capture_default_str();
-  }
-  app.add_option("--seed", args.seed, "seed for parameters, inputs, dropout and upstream gradients (0 to 2^64-1)")
-      ->capture_default_str()
-      ->check(whole_number(0, UINT64_MAX));
-  if (with_steps) {
-    app.add_option("--steps", args.steps, "training steps, with an SGD update between them")
-        ->capture_default_str()
-        ->check(whole_number(1, 10000));
-  }
-  app.add_option("--device", args.device, "cpu, cuda or cuda:N")->capture_default_str();
-  app.add_option("--amp", args.amp, "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)")->capture_default_str();
-
-  add_input_options(app, args);
 }
 
 torch::Device parse_device(const std::string& text) {
@@ -263,20 +290,14 @@ ModelInfo model_info(const Model& model, const Plan& plan) {
 }
 
 std::string model_command_line(const ModelArgs& args, bool with_policy) {
-  std::string s = "--model " + shell_quote(args.model);
+  // --model first, then the built-in model's options given, then the other rows in table order.
+  const auto& table = model_option_table();
+  std::string s = table.front().reproduce(args).substr(1);
   for (const auto& [k, v] : args.given_options()) s += fmt::format(" --{} {}", k, shell_quote(v));
-  if (!args.input_shape.empty()) s += " --input-shape " + shell_quote(args.input_shape);
-  if (!args.input_shape.empty() || !args.input_range.empty()) s += " --input-dtype " + shell_quote(args.input_dtype);
-  if (!args.input_range.empty()) s += " --input-range " + shell_quote(args.input_range);
-  if (!args.input_file.empty()) s += " --input " + shell_quote(args.input_file);
-  if (args.mode != "as-saved") s += " --mode " + shell_quote(args.mode);
-  if (args.checkpoint != "ckcheck") s += " --checkpoint " + shell_quote(args.checkpoint);
-  if (!args.sites.empty()) s += " --sites " + shell_quote(fmt::format("{}", fmt::join(args.sites, ",")));
-  if (with_policy) s += " --policy " + shell_quote(args.policy);
-  s += fmt::format(" --seed {}", args.seed);
-  if (args.steps != 1) s += fmt::format(" --steps {}", args.steps);
-  if (args.device != "cpu") s += " --device " + shell_quote(args.device);
-  if (args.amp != "off") s += " --amp " + shell_quote(args.amp);
+  const auto keep = model_rows(with_policy, true);
+  for (size_t i = 1; i < table.size(); ++i) {
+    if (keep(table[i])) s += table[i].reproduce(args);
+  }
   return s;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ckcheck/model.h"
+#include "cli/option_table.h"
 #include "harness/runner/plan.h"
 #include "harness/runner/runner.h"
 #include "reports/report.h"
@@ -46,9 +47,13 @@ struct ModelArgs {
   std::map<std::string, std::string> given_options() const;
 };
 
-/// Registers --model, the model options of every built-in model, --sites, --policy, --seed,
-/// --steps, --device, --amp and the TorchScript input options. `with_policy` is false for commands
-/// that take several policies.
+/// The options that choose and build a model and its steps: --model, the file model's inputs,
+/// --checkpoint, --sites, --policy, --seed, --steps, --device, --amp (one row each).
+const OptionTable<ModelArgs>& model_option_table();
+
+/// Registers the rows of model_option_table() and the model options of every built-in model.
+/// `with_policy` is false for commands that take several policies, `with_steps` for those that
+/// count their own.
 void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true, bool with_steps = true);
 
 /// Builds the model the arguments name (a built-in fixture or a TorchScript file); throws

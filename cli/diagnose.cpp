@@ -51,10 +51,7 @@ int run_diagnose(const RunOptions& o) {
   report.tensors = outcome.diffs;
   report.verdict = d.diverges || d.non_finite ? Verdict::kFail : Verdict::kPass;
   report.diagnosis = d;
-  report.config = {{"policy", plan.policy.text()}, {"seed", o.model.seed}, {"steps", o.model.steps},
-                   {"device", config.device.str()}, {"amp", amp_name(config.amp)},
-                   {"tolerance", tolerance.text()}, {"preserve_rng_state", config.checkpoint.preserve_rng_state},
-                   {"restore_autocast", config.checkpoint.restore_autocast}, {"restore_buffers", config.checkpoint.restore_buffers}};
+  report.config = run_report_config(o, plan, config, tolerance, nullptr, select_checks({}));
   auto cmd = run_command_line(o);
   report.reproduce = "ckcheck diagnose" + cmd.substr(std::string("ckcheck run").size());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -9,10 +9,9 @@
 #include <chrono>
 #include <iostream>
 #include <optional>
-#include <type_traits>
-#include <variant>
 
 #include "cli/launch.h"
+#include "cli/option_table.h"
 #include "harness/analyses/diagnose.h"
 #include "harness/analyses/session.h"
 #include "harness/runner/data_parallel.h"
@@ -20,117 +19,79 @@
 
 namespace ckcheck::cli {
 
-namespace {
-
-using RunField = std::variant<bool RunOptions::*, double RunOptions::*, int RunOptions::*, int64_t RunOptions::*,
-                              std::string RunOptions::*, std::vector<std::string> RunOptions::*>;
-
-// One row per option of `ckcheck run` beyond the model's and the checks' knobs: registration and
-// --help, the reproduce line and the test helper all read this table (the report's config records
-// the configuration these options make). Diagnose takes the rows marked `shared`.
-struct RunOption {
-  std::string flag;
-  std::string help;
-  RunField field;
-  std::optional<CLI::Validator> check;
-  bool shared = false;
-};
-
-const std::vector<RunOption>& run_option_table() {
-  static const std::vector<RunOption> table = [] {
+const OptionTable<RunOptions>& run_option_table() {
+  static const OptionTable<RunOptions> table = [] {
     std::vector<std::string> ids;
     for (const auto& c : builtin_checks()) ids.push_back(c->id());
-    return std::vector<RunOption>{
-        {"--tolerance", "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N", &RunOptions::tolerance,
-         std::nullopt, true},
-        {"--no-preserve-rng", "do not replay the RNG state in the recompute (shows what dropout does without it)",
-         &RunOptions::no_preserve_rng, std::nullopt, true},
-        {"--no-restore-autocast", "run the recompute without the forward's autocast state",
-         &RunOptions::no_restore_autocast, std::nullopt, true},
-        {"--no-check-inputs",
-         "let the checkpoint go on when a segment's input was changed in place (as torch.utils.checkpoint does, "
-         "silently)",
-         &RunOptions::no_check_inputs, std::nullopt, true},
-        {"--restore-buffers",
-         "restore each checkpointed site's buffers after its recompute (BatchNorm statistics updated once)",
-         &RunOptions::restore_buffers, std::nullopt, true},
-        {"--recompute-fp32",
-         "keep the recompute in fp32 under --amp (the usual mitigation; measured by the autocast check either way)",
-         &RunOptions::recompute_fp32, std::nullopt, true},
-        {"--lr", "learning rate of the SGD update between steps", &RunOptions::lr, finite_number(0, 1e6), true},
-        {"--checks",
-         fmt::format("checks to run, comma-separated (default: all but memory and overhead, which --bench adds): {}",
-                     fmt::join(ids, ", ")),
-         &RunOptions::checks, std::nullopt},
-        {"--diagnose",
-         "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports",
-         &RunOptions::diagnose, std::nullopt},
-        {"--bench",
-         "also measure memory and time of the plain and checkpointed step, adding the memory and overhead checks",
-         &RunOptions::bench, std::nullopt},
-        {"--world-size",
-         "run data-parallel on N ranks (processes) on this machine, meeting through a c10d store on loopback: Gloo "
-         "for CPU tensors, NCCL for CUDA ones; under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set) each "
-         "process joins as its rank instead",
-         &RunOptions::world_size, whole_number(1, 256)},
-        {"--timeout",
-         "the wall-clock limit of a data-parallel run, in seconds: past it the run stops with an error naming the "
-         "rank that did not finish",
-         &RunOptions::timeout, whole_number(1, 86400)},
-        {"--accumulate",
-         "gradient accumulation: N micro-batches per step (inputs of seeds SEED..SEED+N-1), each with its forward "
-         "and backward, gradients summed; adds the gradient-accumulation check (the sums equal, bitwise, and every "
-         "gradient hook fires once per micro-batch)",
-         &RunOptions::accumulate, whole_number(1, 64)},
-    };
+    using Row = OptionRow<RunOptions>;
+    OptionTable<RunOptions> t;
+    t.push_back(Row("--tolerance", "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N", &RunOptions::tolerance)
+                    .shared());
+    t.push_back(Row("--no-preserve-rng", "do not replay the RNG state in the recompute (shows what dropout does without it)",
+                    &RunOptions::no_preserve_rng)
+                    .shared());
+    t.push_back(Row("--no-restore-autocast", "run the recompute without the forward's autocast state",
+                    &RunOptions::no_restore_autocast)
+                    .shared());
+    t.push_back(Row("--no-check-inputs",
+                    "let the checkpoint go on when a segment's input was changed in place (as torch.utils.checkpoint "
+                    "does, silently)",
+                    &RunOptions::no_check_inputs)
+                    .shared());
+    t.push_back(Row("--restore-buffers",
+                    "restore each checkpointed site's buffers after its recompute (BatchNorm statistics updated once)",
+                    &RunOptions::restore_buffers)
+                    .shared());
+    t.push_back(Row("--recompute-fp32",
+                    "keep the recompute in fp32 under --amp (the usual mitigation; measured by the autocast check "
+                    "either way)",
+                    &RunOptions::recompute_fp32)
+                    .shared());
+    t.push_back(Row("--lr", "learning rate of the SGD update between steps", &RunOptions::config, &RunConfig::lr)
+                    .check(finite_number(0, 1e6))
+                    .config("lr")
+                    .shared());
+    t.push_back(Row("--checks",
+                    fmt::format("checks to run, comma-separated (default: all but memory and overhead, which --bench "
+                                "adds): {}",
+                                fmt::join(ids, ", ")),
+                    &RunOptions::checks));
+    t.push_back(Row("--diagnose", "when a check fails, diagnose the divergence (as `ckcheck diagnose`) and add it to the reports",
+                    &RunOptions::diagnose));
+    t.push_back(Row("--bench",
+                    "also measure memory and time of the plain and checkpointed step, adding the memory and overhead "
+                    "checks",
+                    &RunOptions::bench)
+                    .config("bench"));
+    t.push_back(Row("--world-size",
+                    "run data-parallel on N ranks (processes) on this machine, meeting through a c10d store on "
+                    "loopback: Gloo for CPU tensors, NCCL for CUDA ones; under torchrun (RANK, WORLD_SIZE, "
+                    "MASTER_ADDR, MASTER_PORT set) each process joins as its rank instead",
+                    &RunOptions::world_size)
+                    .check(whole_number(1, 256)));
+    t.push_back(Row("--timeout",
+                    "the wall-clock limit of a data-parallel run, in seconds: past it the run stops with an error "
+                    "naming the rank that did not finish",
+                    &RunOptions::timeout)
+                    .check(whole_number(1, 86400)));
+    t.push_back(Row("--accumulate",
+                    "gradient accumulation: N micro-batches per step (inputs of seeds SEED..SEED+N-1), each with its "
+                    "forward and backward, gradients summed; adds the gradient-accumulation check (the sums equal, "
+                    "bitwise, and every gradient hook fires once per micro-batch)",
+                    &RunOptions::config, &RunConfig::accumulate)
+                    .check(whole_number(1, 64))
+                    .config("accumulate"));
+    return t;
   }();
   return table;
 }
 
-void add_row(CLI::App& app, RunOptions& o, const RunOption& row) {
-  std::visit(
-      [&](auto member) {
-        using T = std::decay_t<decltype(o.*member)>;
-        CLI::Option* opt = nullptr;
-        if constexpr (std::is_same_v<T, bool>) {
-          opt = app.add_flag(row.flag, o.*member, row.help);
-        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-          opt = app.add_option(row.flag, o.*member, row.help)->delimiter(',');
-        } else {
-          opt = app.add_option(row.flag, o.*member, row.help)->capture_default_str();
-        }
-        if (row.check) opt->check(*row.check);
-      },
-      row.field);
-}
-
-// The row as the reproduce line gives it: nothing when the option has its default value.
-std::string reproduce_row(const RunOptions& o, const RunOption& row) {
-  static const RunOptions defaults;
-  return std::visit(
-      [&](auto member) -> std::string {
-        using T = std::decay_t<decltype(o.*member)>;
-        const auto& value = o.*member;
-        if (value == defaults.*member) return "";
-        if constexpr (std::is_same_v<T, bool>) {
-          return " " + row.flag;
-        } else if constexpr (std::is_same_v<T, std::string>) {
-          return " " + row.flag + " " + shell_quote(value);
-        } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-          return fmt::format(" {} {}", row.flag, fmt::join(value, ","));
-        } else {
-          return fmt::format(" {} {}", row.flag, value);
-        }
-      },
-      row.field);
-}
+namespace {
 
 // The rows (all, or those diagnose shares), then each check's knobs with the default and range
 // the check declares.
 void add_run_options(CLI::App& app, RunOptions& o, const std::vector<std::unique_ptr<Check>>& checks, bool all) {
-  for (const auto& row : run_option_table()) {
-    if (all || row.shared) add_row(app, o, row);
-  }
+  add_options<RunOptions>(app, o, run_option_table(), [all](const auto& row) { return all || row.is_shared(); });
   for (const auto& c : checks) {
     for (const auto& k : c->info().knobs) {
       o.knobs[k.name] = k.default_value;
@@ -148,14 +109,17 @@ void add_run_flags(CLI::App& app, RunOptions& o, const std::vector<std::unique_p
 }
 
 RunConfig run_config(const RunOptions& o) {
-  RunConfig c = run_config(o.model);
+  RunConfig c = o.config;
+  const RunConfig model = run_config(o.model);
+  c.seed = model.seed;
+  c.steps = model.steps;
+  c.device = model.device;
+  c.amp = model.amp;
   c.checkpoint.preserve_rng_state = !o.no_preserve_rng;
   c.checkpoint.restore_autocast = !o.no_restore_autocast;
   c.checkpoint.check_input_versions = !o.no_check_inputs;
   c.checkpoint.restore_buffers = o.restore_buffers;
   c.checkpoint.recompute_fp32 = o.recompute_fp32;
-  c.lr = o.lr;
-  c.accumulate = o.accumulate;
   return c;
 }
 
@@ -179,7 +143,7 @@ void setup_run(CLI::App& app, int& exit_code) {
 
 std::string run_command_line(const RunOptions& o) {
   std::string s = "ckcheck run " + model_command_line(o.model);
-  for (const auto& row : run_option_table()) s += reproduce_row(o, row);
+  s += reproduce_options(o, run_option_table());
   for (const auto& [name, value] : o.knobs) {
     if (value != find_knob(name).default_value) s += fmt::format(" --{} {}", name, value);
   }
@@ -242,30 +206,26 @@ void gather_ranks(Collective* collective, RunRecords& records) {
   }
 }
 
-// The report's config: every option, defaults included.
-nlohmann::json config_json(const RunOptions& o, const Plan& plan, const RunConfig& config, const Tolerance& tolerance,
+}  // namespace
+
+nlohmann::json run_report_config(const RunOptions& o, const Plan& plan, const RunConfig& config, const Tolerance& tolerance,
                            const Collective* collective, const std::vector<std::unique_ptr<Check>>& checks) {
   std::vector<std::string> ids;
   for (const auto& c : checks) ids.push_back(c->id());
-  nlohmann::json j = {{"policy", plan.policy.text()},
-          {"sites", split_list(o.model.sites)},
-          {"seed", o.model.seed},
-          {"steps", o.model.steps},
-          {"lr", o.lr},
-          {"device", config.device.str()},
-          {"amp", amp_name(config.amp)},
-          {"tolerance", tolerance.text()},
-          {"checkpoint", o.model.checkpoint},
-          {"preserve_rng_state", config.checkpoint.preserve_rng_state},
-          {"restore_autocast", config.checkpoint.restore_autocast},
-          {"check_input_versions", config.checkpoint.check_input_versions},
-          {"restore_buffers", config.checkpoint.restore_buffers},
-          {"recompute_fp32", config.checkpoint.recompute_fp32},
-          {"bench", o.bench},
-          {"accumulate", o.accumulate},
-          {"world_size", collective ? collective->world_size() : 1},
-          {"backend", collective ? collective->backend() : "none"},
-          {"checks", ids}};
+  nlohmann::json j = config_options(o.model, model_option_table());
+  j.update(config_options(o, run_option_table()));
+  j.update({{"policy", plan.policy.text()},
+            {"device", config.device.str()},
+            {"amp", amp_name(config.amp)},
+            {"tolerance", tolerance.text()},
+            {"preserve_rng_state", config.checkpoint.preserve_rng_state},
+            {"restore_autocast", config.checkpoint.restore_autocast},
+            {"check_input_versions", config.checkpoint.check_input_versions},
+            {"restore_buffers", config.checkpoint.restore_buffers},
+            {"recompute_fp32", config.checkpoint.recompute_fp32},
+            {"world_size", collective ? collective->world_size() : 1},
+            {"backend", collective ? collective->backend() : "none"},
+            {"checks", ids}});
   // Every knob's value, given or default, as NAME_WITH_UNDERSCORES.
   for (const auto& [name, value] : o.knobs) {
     std::string key = name;
@@ -274,8 +234,6 @@ nlohmann::json config_json(const RunOptions& o, const Plan& plan, const RunConfi
   }
   return j;
 }
-
-}  // namespace
 
 int run_run(const RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -287,11 +245,11 @@ int run_run(const RunOptions& o) {
   auto model = build_model(o.model, env ? env->world_size : o.world_size);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   auto config = run_config(o);
-  if (o.accumulate > 1 && (o.world_size > 1 || env)) {
+  if (o.config.accumulate > 1 && (o.world_size > 1 || env)) {
     throw UsageError("--accumulate runs in one process; drop --world-size (or torchrun) for it");
   }
   // Gradient accumulation adds its own check to those run by default.
-  if (o.accumulate > 1 && o.checks.empty()) checks.push_back(make_check("gradient-accumulation"));
+  if (o.config.accumulate > 1 && o.checks.empty()) checks.push_back(make_check("gradient-accumulation"));
   if (!env && o.world_size > 1) return launch(o, *model, config);
   std::unique_ptr<Collective> collective;
   std::unique_ptr<DataParallel> dp;
@@ -316,7 +274,7 @@ int run_run(const RunOptions& o) {
   report.tensors = outcome.diffs;
   report.verdict = verdict_of(report.checks);
   report.reproduce = run_command_line(o);
-  report.config = config_json(o, plan, runner.config(), tolerance, collective.get(), checks);
+  report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), checks);
   if (o.diagnose && report.verdict != Verdict::kPass) {
     report.diagnosis = diagnose(runner, plan, tolerance, outcome);
   }

@@ -10,6 +10,10 @@
 
 #include "cli/common.h"
 
+namespace ckcheck {
+class Collective;
+}  // namespace ckcheck
+
 namespace ckcheck::cli {
 
 struct RunOptions {
@@ -22,16 +26,21 @@ struct RunOptions {
   bool recompute_fp32 = false;
   std::vector<std::string> checks;
   std::vector<std::string> reports;
-  double lr = 0.01;
+  /// The RunConfig fields an option sets as they are (--lr, --accumulate); run_config adds the
+  /// model's and the protections'.
+  RunConfig config;
   bool diagnose = false;
   bool bench = false;
   int world_size = 1;
   int timeout = 300;
-  int64_t accumulate = 1;  // micro-batches per step (gradient accumulation)
   /// The knobs of the checks this command can run (CheckKnob::name -> value), at their defaults
   /// unless given.
   std::map<std::string, double> knobs;
 };
+
+/// The options of `ckcheck run` beyond the model's and the checks' knobs, one row each
+/// (option_table.h); diagnose takes the rows marked shared.
+const OptionTable<RunOptions>& run_option_table();
 
 /// Adds the run subcommand; its result goes to `exit_code`.
 void setup_run(CLI::App& app, int& exit_code);
@@ -46,6 +55,13 @@ std::string run_command_line(const RunOptions& options);
 /// The run's flags for the protections, and --NAME for the knob of each of `checks` (shared with
 /// diagnose, which runs the checks run by default).
 void add_run_flags(CLI::App& app, RunOptions& options, const std::vector<std::unique_ptr<Check>>& checks);
+
+/// The report's config: every option, defaults included: the rows with a config key as given, and
+/// what the others make (the policy's text, the device, the protections, the checks run).
+/// `collective` is null in one process.
+nlohmann::json run_report_config(const RunOptions& options, const Plan& plan, const RunConfig& config,
+                                 const Tolerance& tolerance, const Collective* collective,
+                                 const std::vector<std::unique_ptr<Check>>& checks);
 
 /// RunConfig with the protection flags applied.
 RunConfig run_config(const RunOptions& options);

@@ -12,6 +12,34 @@
 
 namespace ckcheck::cli {
 
+const OptionTable<ValidateOpOptions>& validate_op_option_table() {
+  static const OptionTable<ValidateOpOptions> table = [] {
+    using Row = OptionRow<ValidateOpOptions>;
+    OptionTable<ValidateOpOptions> t;
+    t.push_back(Row("--library", "the shared library that registers the op (loaded with dlopen)", &ValidateOpOptions::library)
+                    .config("library"));
+    t.push_back(Row("--op", "the op, as namespace::name or namespace::name.overload", &ValidateOpOptions::op)
+                    .required()
+                    .always()
+                    .config("op"));
+    t.push_back(Row("--shapes", "one shape per tensor argument, as 4x16,4x16 (default: generated)", &ValidateOpOptions::shapes)
+                    .config("shapes"));
+    t.push_back(Row("--dtype", "dtype of the tensor arguments: float32, float64, bfloat16, int64", &ValidateOpOptions::dtype)
+                    .always()
+                    .config("dtype"));
+    t.push_back(Row("--seed", "seed of the generated cases (0 to 2^64-1)", &ValidateOpOptions::seed)
+                    .check(whole_number(0, UINT64_MAX))
+                    .always()
+                    .config("seed"));
+    t.push_back(Row("--cases", "generated input cases, 1 to 10000", &ValidateOpOptions::cases)
+                    .check(whole_number(1, 10000))
+                    .always()
+                    .config("cases"));
+    return t;
+  }();
+  return table;
+}
+
 void setup_validate_op(CLI::App& app, int& exit_code) {
   auto o = std::make_shared<ValidateOpOptions>();
   auto* sub = app.add_subcommand(
@@ -22,14 +50,7 @@ void setup_validate_op(CLI::App& app, int& exit_code) {
       "on and off under autocast, and gives the same gradient checkpointed as plain.\n"
       "Exit status: 0 safe, 1 unsafe, 2 for bad usage or input.\n"
       "Example: ckcheck validate-op --library build/libmyops.so --op myops::fused_gelu --shapes 4x16");
-  sub->add_option("--library", o->library, "the shared library that registers the op (loaded with dlopen)");
-  sub->add_option("--op", o->op, "the op, as namespace::name or namespace::name.overload")->required();
-  sub->add_option("--shapes", o->shapes, "one shape per tensor argument, as 4x16,4x16 (default: generated)");
-  sub->add_option("--dtype", o->dtype, "dtype of the tensor arguments: float32, float64, bfloat16, int64")->capture_default_str();
-  sub->add_option("--seed", o->seed, "seed of the generated cases (0 to 2^64-1)")
-      ->capture_default_str()
-      ->check(whole_number(0, UINT64_MAX));
-  sub->add_option("--cases", o->cases, "generated input cases, 1 to 10000")->capture_default_str()->check(whole_number(1, 10000));
+  add_options(*sub, *o, validate_op_option_table());
   sub->add_option("--report", o->reports, "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
       ->type_name("FORMAT[=PATH]");
   sub->callback([o, &exit_code] { exit_code = run_validate_op(*o); });
@@ -57,13 +78,8 @@ int run_validate_op(const ValidateOpOptions& o) {
   report.checks = v.checks;
   report.verdict = v.safe ? Verdict::kPass : Verdict::kFail;
   report.validation = v;
-  report.config = {{"library", o.library}, {"op", o.op}, {"shapes", o.shapes}, {"dtype", o.dtype},
-                   {"seed", o.seed}, {"cases", o.cases}};
-  std::string cmd = "ckcheck validate-op";
-  if (!o.library.empty()) cmd += " --library " + shell_quote(o.library);
-  cmd += " --op " + shell_quote(o.op);
-  if (!o.shapes.empty()) cmd += " --shapes " + shell_quote(o.shapes);
-  cmd += fmt::format(" --dtype {} --seed {} --cases {}", o.dtype, o.seed, o.cases);
+  report.config = config_options(o, validate_op_option_table());
+  const auto cmd = "ckcheck validate-op" + reproduce_options(o, validate_op_option_table());
   report.reproduce = cmd;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   write_reports(report, targets, std::cout, use_color());

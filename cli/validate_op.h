@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/option_table.h"
+
 namespace ckcheck::cli {
 
 struct ValidateOpOptions {
@@ -17,6 +19,9 @@ struct ValidateOpOptions {
   int cases = 10;
   std::vector<std::string> reports;
 };
+
+/// The options of `ckcheck validate-op`, one row each (option_table.h).
+const OptionTable<ValidateOpOptions>& validate_op_option_table();
 
 void setup_validate_op(CLI::App& app, int& exit_code);
 

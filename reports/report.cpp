@@ -56,9 +56,9 @@ std::string folder_of(const std::string& path) {
 ReportTarget new_file_target(ReportTarget t, const std::string& text, const std::string& path) {
   const auto dir = folder_of(path);
   if (access(dir.c_str(), W_OK) != 0) {
-    throw UsageError(fmt::format("--report {}: cannot write into folder '{}' ({}); create it or "
-                                 "choose another path",
-                                 text, dir, std::strerror(errno)));
+    throw FieldError("report", fmt::format("@report {}: cannot write into folder '{}' ({}); create it or "
+                                           "choose another path",
+                                           text, dir, std::strerror(errno)));
   }
   // Its folder resolved, so that two spellings of one new file are one path.
   char folder[PATH_MAX];
@@ -77,25 +77,25 @@ ReportTarget parse_report_target(const std::string& text) {
   const std::string path = eq == std::string::npos ? "" : text.substr(eq + 1);
   const auto& formats = report_formats();
   if (std::find(formats.begin(), formats.end(), t.format) == formats.end()) {
-    throw UsageError(fmt::format("unknown report format '{}' in --report {}; formats: {} (as "
-                                 "FORMAT or FORMAT=PATH)",
-                                 t.format, text, fmt::join(formats, ", ")));
+    throw FieldError("report", fmt::format("unknown report format '{}' in @report {}; formats: {} (as "
+                                           "FORMAT or FORMAT=PATH)",
+                                           t.format, text, fmt::join(formats, ", ")));
   }
   if (eq == std::string::npos || path == "-") return t;
   if (path.empty() || path.back() == '/') {
-    throw UsageError(fmt::format("--report {}: give a file path after '=' ('-' for standard output)", text));
+    throw FieldError("report", fmt::format("@report {}: give a file path after '=' ('-' for standard output)", text));
   }
   struct stat link_st, st;
   if (lstat(path.c_str(), &link_st) != 0) return new_file_target(t, text, path);
   if (stat(path.c_str(), &st) != 0) {
-    throw UsageError(fmt::format("--report {}: '{}' is a symlink to a missing file ({}); remove it or choose another path",
-                                 text, path, std::strerror(errno)));
+    throw FieldError("report", fmt::format("@report {}: '{}' is a symlink to a missing file ({}); remove it or choose another path",
+                                           text, path, std::strerror(errno)));
   }
   if (S_ISDIR(st.st_mode)) {
-    throw UsageError(fmt::format("--report {}: '{}' is a folder; give a file path inside it", text, path));
+    throw FieldError("report", fmt::format("@report {}: '{}' is a folder; give a file path inside it", text, path));
   }
   if (access(path.c_str(), W_OK) != 0) {
-    throw UsageError(fmt::format("--report {}: '{}' exists and is not writable ({})", text, path, std::strerror(errno)));
+    throw FieldError("report", fmt::format("@report {}: '{}' exists and is not writable ({})", text, path, std::strerror(errno)));
   }
   if (S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode)) {
     t.path = path;
@@ -103,20 +103,20 @@ ReportTarget parse_report_target(const std::string& text) {
     return t;
   }
   if (!S_ISREG(st.st_mode)) {
-    throw UsageError(fmt::format("--report {}: '{}' is not a regular file, a character device or a pipe; choose a file path",
-                                 text, path));
+    throw FieldError("report", fmt::format("@report {}: '{}' is not a regular file, a character device or a pipe; choose a file path",
+                                           text, path));
   }
   // A regular file, maybe through symlinks: replace the file they name, keep the links.
   char resolved[PATH_MAX];
   if (!realpath(path.c_str(), resolved)) {
-    throw UsageError(fmt::format("--report {}: cannot resolve '{}' ({})", text, path, std::strerror(errno)));
+    throw FieldError("report", fmt::format("@report {}: cannot resolve '{}' ({})", text, path, std::strerror(errno)));
   }
   t.path = resolved;
   const auto dir = folder_of(t.path);
   if (access(dir.c_str(), W_OK) != 0) {
-    throw UsageError(fmt::format("--report {}: cannot write into folder '{}' ({}), where the report is replaced "
-                                 "atomically; choose another path",
-                                 text, dir, std::strerror(errno)));
+    throw FieldError("report", fmt::format("@report {}: cannot write into folder '{}' ({}), where the report is replaced "
+                                           "atomically; choose another path",
+                                           text, dir, std::strerror(errno)));
   }
   t.sink = ReportTarget::Sink::kFile;
   return t;
@@ -133,8 +133,8 @@ void write_text(const std::string& path, const std::string& text, std::ios::open
   out << text;
   out.flush();
   if (!out) {
-    throw UsageError(fmt::format("--report {}: could not write '{}' ({}); no report file was changed", t.given,
-                                 t.path, std::strerror(errno ? errno : EIO)));
+    throw FieldError("report", fmt::format("@report {}: could not write '{}' ({}); no report file was changed", t.given,
+                                           t.path, std::strerror(errno ? errno : EIO)));
   }
 }
 

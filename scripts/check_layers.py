@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The flow has no back-edges: each source file includes only headers of its own stage or of the
-stages before it, and no check runs a model.
+stages before it, no check runs a model, and no library error names a command-line flag (the
+library names fields, @sites in a FieldError; the command line maps them to its flags).
 
     support -> checkpoint -> model -> runner -> checks -> analyses -> reports -> testing -> cli
 
@@ -35,6 +36,9 @@ STAGES = [
 FIXTURES_MAY_SEE = {"support", "checkpoint", "model", "fixtures"}
 # What running a model looks like in C++: the checks read records, they never do this.
 RUNS_A_MODEL = re.compile(r"\bRunner\s*[&*(]|\brunner\.|\brun_step\b|->forward\(|\bmodel\.forward\(|\bsite_runner\b")
+# A thrown error, up to its ';', and a flag in one of its string literals.
+THROW = re.compile(r"\bthrow\s+\w*Error\s*\((?:[^;\"]|\"(?:[^\"\\]|\\.)*\")*;", re.S)
+FLAG_IN_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*?(?<![-\w])--(?:[a-z]|\{\}|")(?:[^"\\]|\\.)*"')
 
 
 def stage_of(path):
@@ -68,6 +72,12 @@ def violations(root):
                 yield f"{rel}:{number}: the {source} stage includes {match.group(1)} of the {target} stage"
             if source == "checks" and not match and RUNS_A_MODEL.search(line) and not line.lstrip().startswith("//"):
                 yield f"{rel}:{number}: a check runs a model; checks read the records of the steps"
+        if source in ("cli", "python"):
+            continue
+        for throw in THROW.finditer(text):
+            if FLAG_IN_LITERAL.search(throw.group(0)):
+                number = text.count("\n", 0, throw.start()) + 1
+                yield f"{rel}:{number}: a library error names a flag; throw FieldError naming the field (@name)"
 
 
 def self_test():
@@ -78,12 +88,15 @@ def self_test():
         planted = {"checks/x.cpp": '#include "reports/report.h"\n',
                    "checks/y.cpp": "void f(Runner& r) { r.run(); }\n",
                    "fixtures/z.cpp": '#include "harness/runner/runner.h"\n',
-                   "harness/runner/ok.cpp": '#include "ckcheck/model.h"\n#include "harness/support/text.h"\n'}
+                   "harness/runner/ok.cpp": '#include "ckcheck/model.h"\n#include "harness/support/text.h"\n'
+                                            'void g() { throw FieldError("sites", "@sites matches nothing"); }\n',
+                   "harness/model/w.cpp": 'void h() {\n  throw UsageError(fmt::format("bad {}; "\n  "give --sites", 1));\n}\n',
+                   "cli/ok.cpp": 'void k() { throw UsageError("--sites matches nothing"); }\n'}
         for name, text in planted.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_text(text)
         found = sorted(line.split(":")[0] for line in violations(root))
-    expected = ["checks/x.cpp", "checks/y.cpp", "fixtures/z.cpp"]
+    expected = ["checks/x.cpp", "checks/y.cpp", "fixtures/z.cpp", "harness/model/w.cpp"]
     print("planted back-edges found:" if found == expected else f"expected {expected}, found", found)
     return 0 if found == expected else 1
 

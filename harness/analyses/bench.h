@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "checks/check.h"
+#include "checks/overhead.h"
 #include "harness/runner/plan.h"
 #include "harness/runner/runner.h"
 
@@ -47,7 +48,7 @@ struct BenchOptions {
   double time_budget_s = 60;
   int64_t memory_budget_bytes = -1;  // total for the step (baseline + peak); -1: none
   /// The field guide's line between acceptable and too fine: the overhead check's knob.
-  double max_overhead = find_knob("max-overhead").default_value;
+  double max_overhead = max_overhead_knob().default_value;
   /// Called before each policy is measured (for a progress bar).
   std::function<void(size_t index, size_t total, const std::string& policy)> progress;
 };
@@ -59,7 +60,7 @@ struct BenchResult {
   int64_t gradient_bytes = 0;
   int64_t adam_state_bytes = 0;  // what Adam's two fp32 moments would add
   int64_t memory_budget_bytes = -1;
-  double max_overhead = find_knob("max-overhead").default_value;  // BenchOptions::max_overhead, as used
+  double max_overhead = max_overhead_knob().default_value;  // BenchOptions::max_overhead, as used
   std::string formula;
   std::vector<PolicyBench> policies;
   int64_t rounds = 0;        // measured rounds, extra ones included

@@ -37,9 +37,9 @@ Op find_op(const std::string& qualified) {
   const auto colons = name.find("::");
   const bool bad_overload = dot != std::string::npos && (overload.empty() || overload.find('.') != std::string::npos);
   if (colons == std::string::npos || colons == 0 || colons + 2 >= name.size() || bad_overload) {
-    throw UsageError(fmt::format("--op '{}': give the op as namespace::name or namespace::name.overload, as "
-                                 "myops::fused_gelu or aten::add.Tensor",
-                                 qualified));
+    throw FieldError("op", fmt::format("@op '{}': give the op as namespace::name or namespace::name.overload, as "
+                                       "myops::fused_gelu or aten::add.Tensor",
+                                       qualified));
   }
   auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!handle) {
@@ -183,8 +183,8 @@ class Judge {
     try {
       first = call(op_, args);
     } catch (const std::exception& e) {
-      throw UsageError(fmt::format("{} fails on generated inputs: {} (give --shapes and --dtype it accepts)", name_,
-                                   first_line(e.what())));
+      throw FieldError("shapes", fmt::format("{} fails on generated inputs: {} (give @shapes and @dtype it accepts)", name_,
+                                             first_line(e.what())));
     }
     const RngState r1 = RngState::capture();
     check_arguments(inputs, args, versions);
@@ -400,8 +400,8 @@ std::vector<std::vector<int64_t>> parse_shapes(const std::string& text) {
   auto flush_num = [&] {
     const auto v = parse_int(num);
     if (!v || *v < 1 || *v > (int64_t{1} << 28)) {
-      throw UsageError(fmt::format("--shapes '{}': write one shape per tensor argument, sizes of at least 1, as 4x16,4x16",
-                                   text));
+      throw FieldError("shapes", fmt::format("@shapes '{}': write one shape per tensor argument, sizes of at least 1, as 4x16,4x16",
+                                             text));
     }
     cur.push_back(*v);
     num.clear();
@@ -421,7 +421,7 @@ std::vector<std::vector<int64_t>> parse_shapes(const std::string& text) {
     double elements = 1;
     for (auto n : shape) elements *= static_cast<double>(n);
     if (elements > static_cast<double>(int64_t{1} << 28)) {
-      throw UsageError(fmt::format("--shapes '{}': a shape of {:g} elements; at most 2^28 per tensor", text, elements));
+      throw FieldError("shapes", fmt::format("@shapes '{}': a shape of {:g} elements; at most 2^28 per tensor", text, elements));
     }
   }
   return shapes;
@@ -430,16 +430,16 @@ std::vector<std::vector<int64_t>> parse_shapes(const std::string& text) {
 OpValidation validate_op(const OpValidationOptions& o) {
   if (!o.library.empty()) {
     if (!dlopen(o.library.c_str(), RTLD_NOW | RTLD_GLOBAL)) {
-      throw UsageError(fmt::format("--library {}: cannot load it: {}", o.library, dlerror()));
+      throw FieldError("library", fmt::format("@library {}: cannot load it: {}", o.library, dlerror()));
     }
   }
-  if (o.cases < 1) throw UsageError("--cases must be at least 1");
+  if (o.cases < 1) throw FieldError("cases", "@cases must be at least 1");
   const auto op = find_op(o.op);
   size_t tensor_args = 0;
   for (const auto& a : op.schema->arguments()) tensor_args += is_tensor_arg(a);
   if (tensor_args == 0) throw UsageError(fmt::format("{} takes no tensor, so there is nothing to recompute", o.op));
   if (!o.shapes.empty() && o.shapes.size() != tensor_args) {
-    throw UsageError(fmt::format("--shapes gives {} shapes but {} takes {} tensor arguments", o.shapes.size(), o.op, tensor_args));
+    throw FieldError("shapes", fmt::format("@shapes gives {} shapes but {} takes {} tensor arguments", o.shapes.size(), o.op, tensor_args));
   }
   Judge judge(op, o.op);
   for (int k = 0; k < o.cases; ++k) judge.run_case(make_inputs(*op.schema, o, k));

@@ -137,8 +137,8 @@ class TorchScriptModel : public Model {
     if (inputs_.mode == "train" || inputs_.mode == "eval") {
       module_.train(inputs_.mode == "train");
     } else if (inputs_.mode != "as-saved") {
-      throw UsageError(fmt::format("--mode '{}'; valid: as-saved (each module's training flag as exported), train, eval",
-                                   inputs_.mode));
+      throw FieldError("mode", fmt::format("@mode '{}'; valid: as-saved (each module's training flag as exported), train, eval",
+                                           inputs_.mode));
     }
     // Every module object, by identity, with its path.
     std::vector<std::pair<std::string, torch::jit::Module>> all;
@@ -316,29 +316,29 @@ class TorchScriptModel : public Model {
 
   std::vector<Tensor> load_inputs(const std::string& path) const {
     if (const auto problem = not_a_file(path); !problem.empty()) {
-      throw UsageError(fmt::format("--input {}: {}; give a file of tensors saved with torch.save", path, problem));
+      throw FieldError("input_file", fmt::format("@input_file {}: {}; give a file of tensors saved with torch.save", path, problem));
     }
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw UsageError(fmt::format("--input {}: cannot read the file ({})", path, std::strerror(errno)));
+    if (!in) throw FieldError("input_file", fmt::format("@input_file {}: cannot read the file ({})", path, std::strerror(errno)));
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     IValue v;
     try {
       v = torch::jit::pickle_load(bytes);
     } catch (const std::exception& e) {
-      throw UsageError(fmt::format("--input {}: not a file of tensors saved with torch.save ({})", path,
-                                   one_line(e.what())));
+      throw FieldError("input_file", fmt::format("@input_file {}: not a file of tensors saved with torch.save ({})", path,
+                                                 one_line(e.what())));
     }
     std::vector<Tensor> out;
     flatten(v, out);
-    if (out.empty()) throw UsageError(fmt::format("--input {}: holds no tensor", path));
+    if (out.empty()) throw FieldError("input_file", fmt::format("@input_file {}: holds no tensor", path));
     return out;
   }
 
   Tensor random_input(uint64_t seed) const {
     if (inputs_.shape.empty()) {
-      throw UsageError(fmt::format("model {} is a TorchScript file: give its input with --input-shape "
-                                   "(e.g. 2,3,224,224) or --input FILE",
-                                   name_));
+      throw FieldError("input_shape", fmt::format("model {} is a TorchScript file: give its input with @input_shape "
+                                                  "(e.g. 2,3,224,224) or @input_file FILE",
+                                                  name_));
     }
     std::vector<int64_t> shape;
     std::string cur;
@@ -346,7 +346,7 @@ class TorchScriptModel : public Model {
       if (c == ',' || c == 'x') {
         const auto v = parse_int(cur);
         if (!v || *v < 1 || *v > (int64_t{1} << 31)) {
-          throw UsageError(fmt::format("--input-shape '{}': give sizes of at least 1, as 2,3,224,224", inputs_.shape));
+          throw FieldError("input_shape", fmt::format("@input_shape '{}': give sizes of at least 1, as 2,3,224,224", inputs_.shape));
         }
         shape.push_back(*v);
         cur.clear();
@@ -357,7 +357,7 @@ class TorchScriptModel : public Model {
     double elements = 1;
     for (auto n : shape) elements *= static_cast<double>(n);
     if (elements > static_cast<double>(int64_t{1} << 31)) {
-      throw UsageError(fmt::format("--input-shape '{}' asks for {:g} elements; at most 2^31 are allowed", inputs_.shape, elements));
+      throw FieldError("input_shape", fmt::format("@input_shape '{}' asks for {:g} elements; at most 2^31 are allowed", inputs_.shape, elements));
     }
     static const std::map<std::string, c10::ScalarType> dtypes = {
         {"float32", torch::kFloat}, {"float", torch::kFloat},      {"float64", torch::kDouble},
@@ -365,7 +365,7 @@ class TorchScriptModel : public Model {
         {"long", torch::kLong},     {"int32", torch::kInt}};
     auto dt = dtypes.find(inputs_.dtype);
     if (dt == dtypes.end()) {
-      throw UsageError(fmt::format("--input-dtype '{}'; valid: float32, float64, float16, bfloat16, int64, int32", inputs_.dtype));
+      throw FieldError("input_dtype", fmt::format("@input_dtype '{}'; valid: float32, float64, float16, bfloat16, int64, int32", inputs_.dtype));
     }
     double lo = 0, hi = 0;
     const bool has_range = !inputs_.range.empty();
@@ -373,16 +373,16 @@ class TorchScriptModel : public Model {
       const auto comma = inputs_.range.find(',');
       const auto a = parse_double(inputs_.range.substr(0, comma));
       const auto b = parse_double(comma == std::string::npos ? "" : inputs_.range.substr(comma + 1));
-      if (!a || !b) throw UsageError(fmt::format("--input-range '{}': give LO,HI, as 0,1000", inputs_.range));
+      if (!a || !b) throw FieldError("input_range", fmt::format("@input_range '{}': give LO,HI, as 0,1000", inputs_.range));
       lo = *a;
       hi = *b;
-      if (!(hi > lo)) throw UsageError(fmt::format("--input-range '{}': HI must be above LO", inputs_.range));
+      if (!(hi > lo)) throw FieldError("input_range", fmt::format("@input_range '{}': HI must be above LO", inputs_.range));
     }
     auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x5eedc0ffeeull);
     const bool integral = !c10::isFloatingType(dt->second);
     if (integral) {
       if (!has_range) {
-        throw UsageError("integer inputs (token ids) need --input-range LO,HI, as 0,1000");
+        throw FieldError("input_range", "integer inputs (token ids) need @input_range LO,HI, as 0,1000");
       }
       return torch::randint(static_cast<int64_t>(lo), static_cast<int64_t>(hi), shape, gen,
                             torch::TensorOptions().dtype(dt->second));
@@ -540,26 +540,26 @@ std::unique_ptr<Model> load_torchscript_model(const std::string& path, const Tor
                                               uint64_t seed) {
   register_torchscript_ops();
   if (const auto problem = not_a_file(path); !problem.empty()) {
-    throw UsageError(fmt::format("--model {}: {}{}", path, problem,
-                                 problem == "no such file" ? ", and no built-in model has that name (see `ckcheck list`)"
-                                                           : "; give a TorchScript file saved with torch.jit.save"));
+    throw FieldError("model", fmt::format("@model {}: {}{}", path, problem,
+                                          problem == "no such file" ? ", and no built-in model has that name (see `ckcheck list`)"
+                                                                    : "; give a TorchScript file saved with torch.jit.save"));
   }
   torch::jit::Module module;
   try {
     module = torch::jit::load(path);
   } catch (const std::exception& e) {
-    throw UsageError(fmt::format("--model {}: not a readable TorchScript file (save one with "
-                                 "torch.jit.save): {}",
-                                 path, one_line(e.what())));
+    throw FieldError("model", fmt::format("@model {}: not a readable TorchScript file (save one with "
+                                          "torch.jit.save): {}",
+                                          path, one_line(e.what())));
   }
   auto slash = path.find_last_of('/');
   auto model = std::make_unique<TorchScriptModel>(std::move(module),
                                                   slash == std::string::npos ? path : path.substr(slash + 1),
                                                   inputs, seed);
   if (model->sites().empty()) {
-    throw UsageError(fmt::format("--model {}: its forward calls no submodule, so there is nothing "
-                                 "to checkpoint",
-                                 path));
+    throw FieldError("model", fmt::format("@model {}: its forward calls no submodule, so there is nothing "
+                                          "to checkpoint",
+                                          path));
   }
   // The input options are checked now, before any step runs: their errors are the user's, not the model's.
   model->make_inputs(seed);

@@ -14,8 +14,8 @@ torch::Tensor DataParallel::shard(const torch::Tensor& global) const {
   if (global.dim() == 0) return global;
   const int64_t n = global.size(0);
   if (n % world != 0) {
-    throw UsageError(fmt::format("the global batch ({} rows) does not split evenly over {} ranks; choose a "
-                                 "batch that is a multiple of --world-size",
+    throw FieldError("world_size", fmt::format("the global batch ({} rows) does not split evenly over {} ranks; "
+                                               "choose a batch that is a multiple of @world_size",
                                  n, world));
   }
   const int64_t per = n / world;

@@ -58,7 +58,7 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
                                                int master_port, const torch::Device& device,
                                                int timeout_seconds) {
 #ifndef CKCHECK_GLOO
-  throw UsageError("this ckcheck was built without c10d's Gloo backend (a LibTorch without it, or no Gloo headers: install libgloo-dev), so --world-size is not available");
+  throw FieldError("world_size", "this ckcheck was built without c10d's Gloo backend (a LibTorch without it, or no Gloo headers: install libgloo-dev), so @world_size is not available");
 #else
   const auto timeout = std::chrono::milliseconds(1000ll * timeout_seconds);
   // A collective gives up in half the run's limit, so that a rank waiting on a hung peer says so

@@ -174,7 +174,7 @@ std::vector<std::string> site_pool(const Model& model, const std::vector<std::st
         }
       }
       if (!any) {
-        throw UsageError(fmt::format("--sites '{}' matches no site of model {}; its sites are: {}",
+        throw FieldError("sites", fmt::format("@sites '{}' matches no site of model {}; its sites are: {}",
                                      g, model.name(), some(all, 12)));
       }
     }
@@ -267,8 +267,8 @@ Plan Plan::make(const Model& model, const std::vector<std::string>& site_globs,
     for (const auto& site : unit) {
       const auto problem = model.site_problem(site);
       if (!problem.empty()) {
-        throw UsageError(fmt::format("site {} of model {} cannot be checkpointed: {}; choose other "
-                                     "sites with --sites or --policy sites:GLOB",
+        throw FieldError("sites", fmt::format("site {} of model {} cannot be checkpointed: {}; choose other "
+                                              "sites with @sites or @policy sites:GLOB",
                                      site, model.name(), problem));
       }
     }

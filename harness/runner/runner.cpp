@@ -35,7 +35,7 @@ Amp parse_amp(const std::string& text) {
   if (text == "off" || text == "none") return Amp::kOff;
   if (text == "bf16" || text == "bfloat16") return Amp::kBf16;
   if (text == "fp16" || text == "float16" || text == "half") return Amp::kFp16;
-  throw UsageError(fmt::format("unknown --amp '{}'; valid: off, bf16, fp16", text));
+  throw FieldError("amp", fmt::format("unknown @amp '{}'; valid: off, bf16, fp16", text));
 }
 
 const TensorRecord* StepRecord::find(const std::string& name, const std::string& kind,
@@ -361,7 +361,7 @@ std::optional<AutocastState> autocast_for(Amp amp, const torch::Device& device) 
     s.cuda_dtype = amp_dtype(amp);
   } else {
     if (amp == Amp::kFp16) {
-      throw UsageError("--amp fp16 is CUDA's autocast; on the CPU use --amp bf16");
+      throw FieldError("amp", "@amp fp16 is CUDA's autocast; on the CPU use @amp bf16");
     }
     s.cpu_enabled = true;
     s.cpu_dtype = amp_dtype(amp);

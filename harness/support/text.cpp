@@ -71,3 +71,41 @@ std::string format_bytes(double b) {
 }
 
 }  // namespace ckcheck
+
+namespace ckcheck {
+
+namespace {
+
+std::string render_fields(const std::string& text, const std::function<std::string(const std::string&)>& name_of) {
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    size_t end = i + 1;
+    // "@name" after a space, a bracket or at the start: a value given by the user (a path with
+    // user@host in it) is left alone.
+    const bool starts = text[i] == '@' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '(');
+    while (starts && end < text.size() && (std::islower(static_cast<unsigned char>(text[end])) ||
+                                                   std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '_')) {
+      ++end;
+    }
+    if (!starts || end == i + 1) {
+      out += text[i];
+      continue;
+    }
+    out += name_of(text.substr(i + 1, end - i - 1));
+    i = end - 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+FieldError::FieldError(std::string field, std::string text)
+    : UsageError(render_fields(text, [](const std::string& name) { return name; })),
+      field_(std::move(field)),
+      text_(std::move(text)) {}
+
+std::string FieldError::render(const std::function<std::string(const std::string&)>& name_of) const {
+  return render_fields(text_, name_of);
+}
+
+}  // namespace ckcheck

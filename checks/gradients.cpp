@@ -27,6 +27,7 @@ struct Group {
 struct StepEvidence {
   std::vector<SiteExplanation> explained;  // sites whose recompute differs, and why
   bool rounding = false;                   // the differences are rounding only
+  bool faithful = false;                   // calls were recomputed, each reproducing its forward bitwise
 };
 
 // The cause and site of one differing tensor, and the evidence for it, in words.
@@ -47,16 +48,17 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
         "every recompute reproduced its forward bitwise and the loss and outputs are equal; the gradient "
         "differs by {:.3g}, within {} epsilons of its largest value: the backward summed the same "
         "contributions in another order", d.max_abs, kReassociationEps);
-  } else if (explained.empty() && ctx.config.accumulate > 1) {
-    // Summed over micro-batches: the gradient-accumulation check names the one after which it differs.
+  } else if (explained.empty()) {
+    // No hazard explains it: say so, rather than guess one (the determinism probe did not fail).
     f.cause = Cause::kUnexplained;
     f.site = owning_unit(ctx.plan, d.name);
-    evidence = "no site-level evidence explains it; the gradient-accumulation check names the micro-batch after "
-               "which it first differs";
+    evidence = step.faithful ? "every recompute reproduced its forward bitwise, so something outside the recomputed "
+                               "ops changed it (a hook, or code that assigns or frees .grad); run `ckcheck diagnose`"
+                             : "no site-level evidence explains it; run `ckcheck diagnose`";
   } else {
-    f.cause = explained.empty() ? Cause::kNonDeterministic : explained.front().cause;
-    f.site = explained.empty() ? "" : explained.front().site;
-    evidence = explained.empty() ? "no site-level evidence explains it; run `ckcheck diagnose`" : explained.front().evidence;
+    f.cause = explained.front().cause;
+    f.site = explained.front().site;
+    evidence = explained.front().evidence;
   }
   return f;
 }
@@ -154,6 +156,13 @@ class GradientsCheck : public Check {
     StepEvidence step;
     step.explained = explain_sites(ctx);
     step.rounding = rounding_only(ctx, step.explained);
+    bool recomputed = false, all_equal = true;  // a call whose outputs were not compared vouches for nothing
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      if (!c.recomputed) continue;
+      recomputed = true;
+      all_equal = all_equal && !c.output_diffs.empty() && !recompute_differs(c);
+    }
+    step.faithful = recomputed && all_equal;
     std::vector<Group> groups;
     size_t compared = 0, differing = 0;
     for (const auto& d : ctx.diffs) {

@@ -108,7 +108,7 @@ std::string owning_unit(const Plan& plan, const std::string& name) {
 int64_t plain_fires(const CheckContext& ctx, const HookCount& h) {
   int64_t plain = 1;
   for (const auto& p : ctx.records.reference.hooks) {
-    if (p.name == h.name && p.step == h.step && p.micro_batch == h.micro_batch) plain = p.fires;
+    if (p.same_point(h)) plain = p.fires;
   }
   return plain;
 }

@@ -36,15 +36,15 @@ constexpr double kReassociationEps = 1024.0;
 /// evidence, every recompute reproduced its forward bitwise, the loss and outputs are equal, and
 /// every differing tensor (state aside) is a gradient within kReassociationEps epsilons of its
 /// largest value. The backward then computed the same contributions and added them in another
-/// order: a reentrant checkpoint runs a separate backward per checkpointed call, and under
-/// gradient accumulation adds each call's part to .grad on its own.
+/// order: a reentrant checkpoint runs a separate backward per checkpointed call, and adds each
+/// call's part to .grad on its own.
 bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained);
 
 /// The checkpointed unit a tensor belongs to ("blocks.1.bn1.running_mean" -> "blocks.1"), or "".
 std::string owning_unit(const Plan& plan, const std::string& tensor_name);
 
-/// How often the plain step fired the gradient hook counted in `checkpointed` (same parameter,
-/// step and micro-batch); 1 when the plain step did not count it.
+/// How often the plain step fired the gradient hook counted in `checkpointed` (at the same point,
+/// HookCount::same_point); 1 when the plain step did not count it.
 int64_t plain_fires(const CheckContext& ctx, const HookCount& checkpointed);
 
 }  // namespace ckcheck

@@ -249,9 +249,7 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size) {
                                    given.begin()->first));
     }
     TorchScriptInputs inputs;
-    inputs.shape = args.input_shape;
-    inputs.dtype = args.input_dtype;
-    inputs.range = args.input_range;
+    inputs.random = RandomInput::parse(args.input_shape, args.input_dtype, args.input_range);
     inputs.file = args.input_file;
     inputs.mode = args.mode;
     return load_torchscript_model(args.model, inputs, args.seed);

@@ -23,6 +23,7 @@
 #include "ckcheck/model.h"
 #include "cli/app.h"
 #include "cli/common.h"
+#include "harness/model/random_input.h"
 #include "harness/support/errors.h"
 
 namespace py = pybind11;
@@ -261,12 +262,13 @@ class PythonModel : public Model {
 };
 
 std::unique_ptr<Model> load(const cli::ModelArgs& args) {
+  // --input-shape/--input-dtype/--input-range are parsed and the tensor made here, once, by the
+  // rules the TorchScript models use; the factory's module gets the tensor.
+  const auto random = RandomInput::parse(args.input_shape, args.input_dtype, args.input_range);
   py::gil_scoped_acquire gil;
   try {
     py::dict inputs;
-    inputs["shape"] = args.input_shape;
-    inputs["dtype"] = args.input_dtype;
-    inputs["range"] = args.input_range;
+    inputs["tensor"] = random.given() ? py::cast(random.make(args.seed)) : py::none();
     inputs["file"] = args.input_file;
     auto adapter = py::module_::import("ckcheck._model")
                        .attr("load")(args.model, args.seed, inputs, args.checkpoint, args.mode);

@@ -1,6 +1,5 @@
 #include "harness/model/torchscript_model.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -268,9 +267,9 @@ class TorchScriptModel : public Model {
   std::map<std::string, std::string> options() const override {
     std::map<std::string, std::string> o;
     if (inputs_.mode != "as-saved") o["mode"] = inputs_.mode;
-    if (!inputs_.shape.empty()) o["input-shape"] = inputs_.shape;
-    o["input-dtype"] = inputs_.dtype;
-    if (!inputs_.range.empty()) o["input-range"] = inputs_.range;
+    if (inputs_.random.given()) o["input-shape"] = inputs_.random.shape_text();
+    o["input-dtype"] = inputs_.random.dtype_text();
+    if (inputs_.random.range) o["input-range"] = inputs_.random.range_text();
     if (!inputs_.file.empty()) o["input"] = inputs_.file;
     return o;
   }
@@ -335,60 +334,12 @@ class TorchScriptModel : public Model {
   }
 
   Tensor random_input(uint64_t seed) const {
-    if (inputs_.shape.empty()) {
+    if (!inputs_.random.given()) {
       throw FieldError("input_shape", fmt::format("model {} is a TorchScript file: give its input with @input_shape "
                                                   "(e.g. 2,3,224,224) or @input_file FILE",
                                                   name_));
     }
-    std::vector<int64_t> shape;
-    std::string cur;
-    for (char c : inputs_.shape + ",") {
-      if (c == ',' || c == 'x') {
-        const auto v = parse_int(cur);
-        if (!v || *v < 1 || *v > (int64_t{1} << 31)) {
-          throw FieldError("input_shape", fmt::format("@input_shape '{}': give sizes of at least 1, as 2,3,224,224", inputs_.shape));
-        }
-        shape.push_back(*v);
-        cur.clear();
-      } else {
-        cur += c;
-      }
-    }
-    double elements = 1;
-    for (auto n : shape) elements *= static_cast<double>(n);
-    if (elements > static_cast<double>(int64_t{1} << 31)) {
-      throw FieldError("input_shape", fmt::format("@input_shape '{}' asks for {:g} elements; at most 2^31 are allowed", inputs_.shape, elements));
-    }
-    static const std::map<std::string, c10::ScalarType> dtypes = {
-        {"float32", torch::kFloat}, {"float", torch::kFloat},      {"float64", torch::kDouble},
-        {"float16", torch::kHalf},  {"bfloat16", torch::kBFloat16}, {"int64", torch::kLong},
-        {"long", torch::kLong},     {"int32", torch::kInt}};
-    auto dt = dtypes.find(inputs_.dtype);
-    if (dt == dtypes.end()) {
-      throw FieldError("input_dtype", fmt::format("@input_dtype '{}'; valid: float32, float64, float16, bfloat16, int64, int32", inputs_.dtype));
-    }
-    double lo = 0, hi = 0;
-    const bool has_range = !inputs_.range.empty();
-    if (has_range) {
-      const auto comma = inputs_.range.find(',');
-      const auto a = parse_double(inputs_.range.substr(0, comma));
-      const auto b = parse_double(comma == std::string::npos ? "" : inputs_.range.substr(comma + 1));
-      if (!a || !b) throw FieldError("input_range", fmt::format("@input_range '{}': give LO,HI, as 0,1000", inputs_.range));
-      lo = *a;
-      hi = *b;
-      if (!(hi > lo)) throw FieldError("input_range", fmt::format("@input_range '{}': HI must be above LO", inputs_.range));
-    }
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x5eedc0ffeeull);
-    const bool integral = !c10::isFloatingType(dt->second);
-    if (integral) {
-      if (!has_range) {
-        throw FieldError("input_range", "integer inputs (token ids) need @input_range LO,HI, as 0,1000");
-      }
-      return torch::randint(static_cast<int64_t>(lo), static_cast<int64_t>(hi), shape, gen,
-                            torch::TensorOptions().dtype(dt->second));
-    }
-    auto x = has_range ? torch::rand(shape, gen) * (hi - lo) + lo : torch::randn(shape, gen);
-    return x.to(dt->second);
+    return inputs_.random.make(seed);
   }
 
   struct Attribute {

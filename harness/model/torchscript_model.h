@@ -11,15 +11,14 @@
 #include <string>
 
 #include "ckcheck/model.h"
+#include "harness/model/random_input.h"
 
 namespace ckcheck {
 
 /// How the inputs of a TorchScript model are made.
 struct TorchScriptInputs {
-  std::string shape;            // "2,3,224,224": one seeded random tensor of this shape
-  std::string dtype = "float32";
-  std::string range;            // "LO,HI": integers in [LO, HI) (token ids) or uniform floats
-  std::string file;             // tensors saved from Python with torch.save (tensor, list or tuple)
+  RandomInput random;  // one seeded random tensor, when given
+  std::string file;    // tensors saved from Python with torch.save (tensor, list or tuple)
   /// Training flags: "as-saved" (each module's flag as exported), "train" or "eval" (all modules).
   std::string mode = "as-saved";
 };

@@ -91,6 +91,10 @@ struct HookCount {
   int64_t step = 1;
   int64_t fires = 0;
   int64_t micro_batch = 1;  // under gradient accumulation, the micro-batch of the step
+
+  /// The same hook at the same point of a step (parameter, step, micro-batch): what a count of
+  /// the checkpointed step is compared with.
+  bool same_point(const HookCount& o) const { return name == o.name && step == o.step && micro_batch == o.micro_batch; }
 };
 
 /// The record kind of a parameter's gradient as it stands after each micro-batch but the last

@@ -112,12 +112,8 @@ def _parse_result(result):
     return module, args, kwargs, parts.get("loss"), parts.get("enable"), parts.get("disable")
 
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-           "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
-
-
-def _option_inputs(opts: dict, seed: int):
-    """Positional inputs from --input-shape/--input-dtype/--input-range or --input."""
+def _option_inputs(opts: dict):
+    """Positional inputs from --input (a file) or the tensor made from --input-shape/--input-dtype/--input-range."""
     if opts.get("file"):
         path = opts["file"]
         try:
@@ -129,31 +125,11 @@ def _option_inputs(opts: dict, seed: int):
         if isinstance(loaded, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in loaded):
             return tuple(loaded)
         raise UsageError(f"--input {path} holds a {type(loaded).__name__}; save a tensor, list or tuple of tensors")
-    if not opts.get("shape"):
+    if opts.get("tensor") is None:
         raise UsageError("the factory returns no inputs; give --input-shape (and --input-dtype, "
                          "--input-range) or --input FILE, or return (model, inputs) from the factory")
-    try:
-        shape = [int(s) for s in opts["shape"].split(",")]
-    except ValueError:
-        raise UsageError(f"--input-shape {opts['shape']}: sizes are whole numbers, as 2,3,224,224") from None
-    if not shape or any(s < 1 for s in shape):
-        raise UsageError(f"--input-shape {opts['shape']}: every size must be at least 1")
-    dtype = _DTYPES.get(opts.get("dtype") or "float32")
-    if dtype is None:
-        raise UsageError(f"--input-dtype {opts['dtype']}: valid: {', '.join(_DTYPES)}")
-    gen = torch.Generator().manual_seed(seed)
-    lo, hi = (0.0, 1.0) if dtype.is_floating_point else (0, 2)
-    if opts.get("range"):
-        try:
-            lo, hi = (float(v) for v in opts["range"].split(","))
-        except ValueError:
-            raise UsageError(f"--input-range {opts['range']}: write LO,HI") from None
-        if not lo < hi:
-            raise UsageError(f"--input-range {opts['range']}: LO must be below HI")
-    if dtype.is_floating_point:
-        x = torch.rand(shape, generator=gen) * (hi - lo) + lo
-        return (x.to(dtype),)
-    return (torch.randint(int(lo), int(hi), shape, generator=gen).to(dtype),)
+    # Made by ckcheck from --input-shape/--input-dtype/--input-range, by the rules of every model.
+    return (opts["tensor"],)
 
 
 def load(spec: str, seed: int, input_opts: dict, checkpoint: str, mode: str) -> "ModelAdapter":
@@ -167,8 +143,8 @@ def load(spec: str, seed: int, input_opts: dict, checkpoint: str, mode: str) -> 
         raise UsageError(f"the factory raised {type(e).__name__}: {_first_line(e)}") from e
     module, args, kwargs, loss, enable, disable = _parse_result(result)
     if not args and not kwargs:
-        args = _option_inputs(input_opts, seed)
-    elif input_opts.get("shape") or input_opts.get("file"):
+        args = _option_inputs(input_opts)
+    elif input_opts.get("tensor") is not None or input_opts.get("file"):
         raise UsageError("the factory returns its own inputs; drop --input-shape/--input")
     if mode == "train":
         module.train()

@@ -105,10 +105,39 @@ std::string status_of(const nlohmann::json& j, const std::string& id) {
   return "";
 }
 
+// --input-shape/--input-dtype/--input-range are parsed once into typed values (TorchScript and
+// Python models make their input from the same parse); a bad text names its field.
+TEST(RandomInput, ParsesOnceIntoTypedValuesAndMakesTheSeedsTensor) {
+  const auto r = RandomInput::parse("2x3", "int64", "0,10");
+  EXPECT_EQ(r.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(r.dtype, torch::kLong);
+  EXPECT_EQ(r.shape_text() + " " + r.dtype_text() + " " + r.range_text(), "2,3 int64 0,10");
+  const auto a = r.make(1);
+  EXPECT_TRUE(torch::equal(a, r.make(1)));
+  EXPECT_FALSE(torch::equal(a, r.make(2)));
+  EXPECT_GE(a.min().item<int64_t>(), 0);
+  EXPECT_LT(a.max().item<int64_t>(), 10);
+  EXPECT_FALSE(RandomInput::parse("", "float32", "").given());
+  auto field_of = [](const std::string& shape, const std::string& dtype, const std::string& range) -> std::string {
+    try {
+      RandomInput::parse(shape, dtype, range);
+    } catch (const FieldError& e) {
+      return e.field();
+    }
+    return "";
+  };
+  EXPECT_EQ(field_of("2,0", "float32", ""), "input_shape");
+  EXPECT_EQ(field_of("2,a", "float32", ""), "input_shape");
+  EXPECT_EQ(field_of("2", "float8", ""), "input_dtype");
+  EXPECT_EQ(field_of("2", "int64", ""), "input_range");  // token ids need a range
+  EXPECT_EQ(field_of("2", "float32", "5,1"), "input_range");
+  EXPECT_EQ(field_of("2", "float32", "0,1"), "");
+}
+
 TEST(TorchScript, SitesAreTheSubmoduleCalls) {
   const auto path = save_net("sites.pt", 0.0, false);
   TorchScriptInputs in;
-  in.shape = "4,8";
+  in.random = RandomInput::parse("4,8", "float32", "");
   auto model = load_torchscript_model(path, in, 0);
   EXPECT_EQ(model->sites(), (std::vector<std::string>{"layer1", "layer2", "layer3", "layer3.inner"}));
   EXPECT_EQ(model->default_sites(), (std::vector<std::string>{"layer1", "layer2", "layer3"}));

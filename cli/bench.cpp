@@ -73,9 +73,7 @@ void setup_bench(CLI::App& app, int& exit_code) {
       "none,every:1,every:2,every:4 --report html=bench.html");
   add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false);
   add_options(*sub, *o, bench_option_table());
-  sub->add_option("--report", o->reports,
-                  "FORMAT or FORMAT=PATH, repeatable: console (default), json, markdown, html (with a memory-time chart), junit")
-      ->type_name("FORMAT[=PATH]");
+  add_report_option(*sub, o->reports, " (html with a memory-time chart)");
   sub->callback([o, &exit_code] { exit_code = run_bench_command(*o); });
 }
 

@@ -62,6 +62,29 @@ void add_builtin_model_options(CLI::App& app, ModelArgs& args) {
 
 const char* const kFileInputs = "File model inputs";
 
+// How a file model's inputs are made, and its training flags.
+OptionTable<ModelArgs> file_input_rows() {
+  OptionTable<ModelArgs> t;
+  t.push_back(OptionRow<ModelArgs>("--input-shape", "shape of a seeded random input, as 2,3,224,224", &ModelArgs::input_shape)
+                  .group(kFileInputs));
+  t.push_back(OptionRow<ModelArgs>("--input-dtype", "float32, float64, float16, bfloat16, int64 or int32", &ModelArgs::input_dtype)
+                  .group(kFileInputs));
+  t.push_back(OptionRow<ModelArgs>("--input-range", "LO,HI: integers in [LO, HI) for token ids; uniform in [LO, HI) for floats",
+                                   &ModelArgs::input_range)
+                  .group(kFileInputs));
+  t.push_back(OptionRow<ModelArgs>("--input", "a file of input tensors saved from Python (torch.save of a tensor, list or tuple)",
+                                   &ModelArgs::input_file)
+                  .field("input_file")
+                  .group(kFileInputs));
+  t.push_back(OptionRow<ModelArgs>("--mode",
+                                   "training flags: as-saved (each module's flag as exported: a BatchNorm frozen in eval "
+                                   "stays frozen), train or eval (every module)",
+                                   &ModelArgs::mode)
+                  .check(CLI::IsMember({"as-saved", "train", "eval"}))
+                  .group(kFileInputs));
+  return t;
+}
+
 }  // namespace
 
 const OptionTable<ModelArgs>& model_option_table() {
@@ -79,24 +102,8 @@ const OptionTable<ModelArgs>& model_option_table() {
                     &ModelArgs::model)
                     .required()
                     .always());
-    // How a file model's inputs are made, and its training flags.
-    t.push_back(OptionRow<ModelArgs>("--input-shape", "shape of a seeded random input, as 2,3,224,224", &ModelArgs::input_shape)
-                    .group(kFileInputs));
-    t.push_back(OptionRow<ModelArgs>("--input-dtype", "float32, float64, float16, bfloat16, int64 or int32", &ModelArgs::input_dtype)
-                    .group(kFileInputs));
-    t.push_back(OptionRow<ModelArgs>("--input-range", "LO,HI: integers in [LO, HI) for token ids; uniform in [LO, HI) for floats",
-                                     &ModelArgs::input_range)
-                    .group(kFileInputs));
-    t.push_back(OptionRow<ModelArgs>("--input", "a file of input tensors saved from Python (torch.save of a tensor, list or tuple)",
-                                     &ModelArgs::input_file)
-                    .field("input_file")
-                    .group(kFileInputs));
-    t.push_back(OptionRow<ModelArgs>("--mode",
-                                     "training flags: as-saved (each module's flag as exported: a BatchNorm frozen in eval "
-                                     "stays frozen), train or eval (every module)",
-                                     &ModelArgs::mode)
-                    .check(CLI::IsMember({"as-saved", "train", "eval"}))
-                    .group(kFileInputs));
+    const auto inputs = file_input_rows();
+    t.insert(t.end(), inputs.begin(), inputs.end());
     t.push_back(OptionRow<ModelArgs>("--checkpoint",
                                      "the checkpoint under test: ckcheck (ckcheck's own, every model), and for Python "
                                      "models torch (torch.utils.checkpoint, use_reentrant=False), torch-reentrant "
@@ -297,6 +304,14 @@ std::string model_command_line(const ModelArgs& args, bool with_policy) {
     if (keep(table[i])) s += table[i].reproduce(args);
   }
   return s;
+}
+
+void add_report_option(CLI::App& app, std::vector<std::string>& reports, const std::string& note) {
+  app.add_option("--report", reports,
+                 fmt::format("FORMAT or FORMAT=PATH, repeatable: {} (console to standard output by default; PATH '-' "
+                             "is standard output){}",
+                             fmt::join(report_formats(), ", "), note))
+      ->type_name("FORMAT[=PATH]");
 }
 
 std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports,

@@ -82,6 +82,10 @@ ModelInfo model_info(const Model& model, const Plan& plan);
 /// "--model transformer --layers 4 ... --seed 0": the model arguments as a command line.
 std::string model_command_line(const ModelArgs& args, bool with_policy = true);
 
+/// Registers --report FORMAT[=PATH] (repeatable; every command that writes a report takes it);
+/// `note` is added to the help.
+void add_report_option(CLI::App& app, std::vector<std::string>& reports, const std::string& note = "");
+
 /// --report targets, validated before any work: each writable, no two the same file, none one of
 /// `inputs` (the model, input or library files). The console report to standard output is added
 /// unless a report already goes there.

@@ -23,9 +23,7 @@ void setup_diagnose(CLI::App& app, int& exit_code) {
       "Example: ckcheck diagnose --model transformer --no-preserve-rng");
   add_model_args(*sub, o->model);
   add_run_flags(*sub, *o, select_checks({}));
-  sub->add_option("--report", o->reports,
-                  "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
-      ->type_name("FORMAT[=PATH]");
+  add_report_option(*sub, o->reports);
   sub->callback([o, &exit_code] { exit_code = run_diagnose(*o); });
 }
 

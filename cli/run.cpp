@@ -19,38 +19,49 @@
 
 namespace ckcheck::cli {
 
+namespace {
+
+// The rows diagnose shares: how tensors are compared and what the checkpoint protects.
+OptionTable<RunOptions> shared_run_rows() {
+  using Row = OptionRow<RunOptions>;
+  OptionTable<RunOptions> t;
+  t.push_back(Row("--tolerance", "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N", &RunOptions::tolerance)
+                  .shared());
+  t.push_back(Row("--no-preserve-rng", "do not replay the RNG state in the recompute (shows what dropout does without it)",
+                  &RunOptions::no_preserve_rng)
+                  .shared());
+  t.push_back(Row("--no-restore-autocast", "run the recompute without the forward's autocast state",
+                  &RunOptions::no_restore_autocast)
+                  .shared());
+  t.push_back(Row("--no-check-inputs",
+                  "let the checkpoint go on when a segment's input was changed in place (as torch.utils.checkpoint "
+                  "does, silently)",
+                  &RunOptions::no_check_inputs)
+                  .shared());
+  t.push_back(Row("--restore-buffers",
+                  "restore each checkpointed site's buffers after its recompute (BatchNorm statistics updated once)",
+                  &RunOptions::restore_buffers)
+                  .shared());
+  t.push_back(Row("--recompute-fp32",
+                  "keep the recompute in fp32 under --amp (the usual mitigation; measured by the autocast check "
+                  "either way)",
+                  &RunOptions::recompute_fp32)
+                  .shared());
+  t.push_back(Row("--lr", "learning rate of the SGD update between steps", &RunOptions::config, &RunConfig::lr)
+                  .check(finite_number(0, 1e6))
+                  .config("lr")
+                  .shared());
+  return t;
+}
+
+}  // namespace
+
 const OptionTable<RunOptions>& run_option_table() {
   static const OptionTable<RunOptions> table = [] {
     std::vector<std::string> ids;
     for (const auto& c : builtin_checks()) ids.push_back(c->id());
     using Row = OptionRow<RunOptions>;
-    OptionTable<RunOptions> t;
-    t.push_back(Row("--tolerance", "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N", &RunOptions::tolerance)
-                    .shared());
-    t.push_back(Row("--no-preserve-rng", "do not replay the RNG state in the recompute (shows what dropout does without it)",
-                    &RunOptions::no_preserve_rng)
-                    .shared());
-    t.push_back(Row("--no-restore-autocast", "run the recompute without the forward's autocast state",
-                    &RunOptions::no_restore_autocast)
-                    .shared());
-    t.push_back(Row("--no-check-inputs",
-                    "let the checkpoint go on when a segment's input was changed in place (as torch.utils.checkpoint "
-                    "does, silently)",
-                    &RunOptions::no_check_inputs)
-                    .shared());
-    t.push_back(Row("--restore-buffers",
-                    "restore each checkpointed site's buffers after its recompute (BatchNorm statistics updated once)",
-                    &RunOptions::restore_buffers)
-                    .shared());
-    t.push_back(Row("--recompute-fp32",
-                    "keep the recompute in fp32 under --amp (the usual mitigation; measured by the autocast check "
-                    "either way)",
-                    &RunOptions::recompute_fp32)
-                    .shared());
-    t.push_back(Row("--lr", "learning rate of the SGD update between steps", &RunOptions::config, &RunConfig::lr)
-                    .check(finite_number(0, 1e6))
-                    .config("lr")
-                    .shared());
+    OptionTable<RunOptions> t = shared_run_rows();
     t.push_back(Row("--checks",
                     fmt::format("checks to run, comma-separated (default: all but memory and overhead, which --bench "
                                 "adds): {}",
@@ -135,9 +146,7 @@ void setup_run(CLI::App& app, int& exit_code) {
       "Example: ckcheck run --model transformer --layers 4 --policy every:1 --report json=r.json");
   add_model_args(*sub, o->model);
   add_run_options(*sub, *o, builtin_checks(), /*all=*/true);
-  sub->add_option("--report", o->reports,
-                  "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
-      ->type_name("FORMAT[=PATH]");
+  add_report_option(*sub, o->reports);
   sub->callback([o, &exit_code] { exit_code = run_run(*o); });
 }
 

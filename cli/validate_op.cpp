@@ -51,8 +51,7 @@ void setup_validate_op(CLI::App& app, int& exit_code) {
       "Exit status: 0 safe, 1 unsafe, 2 for bad usage or input.\n"
       "Example: ckcheck validate-op --library build/libmyops.so --op myops::fused_gelu --shapes 4x16");
   add_options(*sub, *o, validate_op_option_table());
-  sub->add_option("--report", o->reports, "FORMAT or FORMAT=PATH, repeatable: console (default), json, junit, markdown, html")
-      ->type_name("FORMAT[=PATH]");
+  add_report_option(*sub, o->reports);
   sub->callback([o, &exit_code] { exit_code = run_validate_op(*o); });
 }
 

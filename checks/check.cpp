@@ -53,8 +53,9 @@ constexpr CauseWord kGradApiWord{"grad-api",
     "gradient outside the checkpointed sites, or use a non-reentrant checkpoint "
     "(torch.utils.checkpoint with use_reentrant=False)"};
 constexpr CauseWord kUnexplainedWord{"unexplained",
-    "run `ckcheck diagnose` with the same options to find the first op whose recompute differs, and keep "
-    "that site's activations (exclude it from checkpointing) until the cause is fixed"};
+    "run `ckcheck diagnose` with the same options: it finds the first op whose recompute differs (keep that "
+    "site's activations, excluding it from checkpointing, until the cause is fixed), or shows that every "
+    "recompute matched and the gradient changed outside the recomputed ops (a hook, code that assigns .grad)"};
 constexpr CauseWord kAccumulationOrderWord{"accumulation-order",
     "rounding, not a wrong gradient: a reentrant checkpoint sums the gradient of a tensor used by several "
     "checkpointed calls in another order; compare with a tolerance (--tolerance rtol=1e-5,atol=1e-7) or use "

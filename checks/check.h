@@ -10,6 +10,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ckcheck/model.h"
@@ -120,6 +121,10 @@ struct CheckKnob {
 
 /// Everything a check says about itself, in one place: its own file.
 struct CheckInfo {
+  /// The four things every check states; the rest have defaults a check sets when it differs.
+  CheckInfo(std::string id_, CheckKind kind_, int order_, std::string description_)
+      : id(std::move(id_)), kind(kind_), order(order_), description(std::move(description_)) {}
+
   std::string id;           // stable, part of the report contract ("gradients", "rng", ...)
   CheckKind kind = CheckKind::kSymptom;
   int order = 0;            // place in reports and `ckcheck list` (ascending)

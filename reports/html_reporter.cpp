@@ -51,8 +51,9 @@ class HtmlReporter : public Reporter {
           out << "<ul>";
           for (const auto& f : c.findings) {
             out << fmt::format("<li><code>{}</code> {}{}{}<br><span class=\"hint\">fix: {}</span></li>",
-                               cause_name(f.cause), f.site.empty() ? "" : "<code>" + escape_markup(f.site) + "</code> ",
-                               f.tensor.empty() ? "" : "(" + escape_markup(f.tensor) + ") ",
+                               cause_name(f.cause),
+                               f.site.empty() ? std::string() : fmt::format("<code>{}</code> ", escape_markup(f.site)),
+                               f.tensor.empty() ? std::string() : fmt::format("({}) ", escape_markup(f.tensor)),
                                escape_markup(f.message), escape_markup(f.hint));
           }
           out << "</ul>";

@@ -54,8 +54,8 @@ class MarkdownReporter : public Reporter {
         for (const auto& c : r.checks) {
           for (const auto& f : c.findings) {
             out << fmt::format("- **{}** {}{}`{}`: {}  \n  *fix:* {}\n", c.id,
-                               f.site.empty() ? "" : "`" + f.site + "` ",
-                               f.tensor.empty() ? "" : "(" + md_escape(f.tensor) + ") ",
+                               f.site.empty() ? std::string() : fmt::format("`{}` ", f.site),
+                               f.tensor.empty() ? std::string() : fmt::format("({}) ", md_escape(f.tensor)),
                                cause_name(f.cause), md_escape(f.message), md_escape(f.hint));
           }
         }

@@ -51,7 +51,9 @@ TEST_P(DiagnoseFault, NamesSiteOpAndCause) {
   EXPECT_EQ(d.op_diff->site, e.site);
   ASSERT_GE(d.op_diff->index, 0) << d.op_diff->note;
   EXPECT_EQ(d.op_diff->forward.name, e.op) << d.summary;
-  if (!e.innermost.empty()) EXPECT_EQ(d.op_diff->innermost, e.innermost) << d.summary;
+  if (!e.innermost.empty()) {
+    EXPECT_EQ(d.op_diff->innermost, e.innermost) << d.summary;
+  }
   EXPECT_FALSE(d.op_diff->context.empty());
 }
 

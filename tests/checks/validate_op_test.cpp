@@ -49,7 +49,9 @@ TEST(ValidateOp, OpThatWritesAnUnannotatedInputIsUnsafe) {
   ASSERT_FALSE(c.empty());
   EXPECT_EQ(c.front(), "input-mutation:in-place") << ::testing::PrintToString(c);
   for (const auto& check : v.checks) {
-    if (check.id == "input-mutation") EXPECT_EQ(check.findings.at(0).tensor, "x");
+    if (check.id == "input-mutation") {
+      EXPECT_EQ(check.findings.at(0).tensor, "x");
+    }
   }
 }
 

@@ -152,18 +152,12 @@ std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bo
 }  // namespace
 
 void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps) {
-  const auto keep = model_rows(with_policy, with_steps);
-  CLI::App* inputs = nullptr;
-  for (const auto& row : model_option_table()) {
-    if (!keep(row)) continue;
-    if (row.group_name().empty()) {
-      row.add(app, args);
-      continue;
-    }
+  for (const auto& [row, opt] : add_options(app, args, model_option_table(), model_rows(with_policy, with_steps))) {
+    if (row->group_name() != kFileInputs) continue;
     // A file model's input options, noted when given: a built-in model refuses them.
-    if (!inputs) inputs = app.add_option_group(row.group_name(), "for --model PATH.pt and Python factories that return no inputs");
-    row.add(*inputs, args)->each([&args, flag = row.flag()](const std::string&) { args.torchscript_flags.push_back(flag); });
+    opt->each([&args, flag = row->flag()](const std::string&) { args.torchscript_flags.push_back(flag); });
   }
+  app.get_option_group(kFileInputs)->description("for --model PATH.pt and Python factories that return no inputs");
   add_builtin_model_options(app, args);
 }
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -133,10 +134,13 @@ class OptionRow {
 template <class Options>
 using OptionTable = std::vector<OptionRow<Options>>;
 
-/// Registers the rows `keep` accepts (all by default), each in its --help group.
+/// Registers the rows `keep` accepts (all by default), each in its --help group; returns each
+/// registered row with its option, in table order.
 template <class Options>
-void add_options(CLI::App& app, Options& o, const OptionTable<Options>& table,
-                 const std::function<bool(const OptionRow<Options>&)>& keep = nullptr) {
+std::vector<std::pair<const OptionRow<Options>*, CLI::Option*>> add_options(
+    CLI::App& app, Options& o, const OptionTable<Options>& table,
+    const std::function<bool(const OptionRow<Options>&)>& keep = nullptr) {
+  std::vector<std::pair<const OptionRow<Options>*, CLI::Option*>> added;
   std::map<std::string, CLI::App*> groups;
   for (const auto& row : table) {
     if (keep && !keep(row)) continue;
@@ -146,8 +150,9 @@ void add_options(CLI::App& app, Options& o, const OptionTable<Options>& table,
       if (!group) group = app.add_option_group(row.group_name());
       target = group;
     }
-    row.add(*target, o);
+    added.emplace_back(&row, row.add(*target, o));
   }
+  return added;
 }
 
 /// The reproduce line's part for the rows `keep` accepts, in table order.

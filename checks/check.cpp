@@ -60,6 +60,10 @@ constexpr CauseWord kAccumulationOrderWord{"accumulation-order",
     "rounding, not a wrong gradient: a reentrant checkpoint sums the gradient of a tensor used by several "
     "checkpointed calls in another order; compare with a tolerance (--tolerance rtol=1e-5,atol=1e-7) or use "
     "a non-reentrant checkpoint (torch.utils.checkpoint with use_reentrant=False) for bitwise equality"};
+constexpr CauseWord kReentrantNoGradWord{"reentrant-no-grad",
+    "a reentrant checkpoint runs its segment's forward without autograd, so what is kept from inside it (features "
+    "captured by hooks, MoE router logits for a load-balancing loss) carries no graph: use "
+    "torch.utils.checkpoint with use_reentrant=False, or compute such terms outside the checkpointed segment"};
 
 }  // namespace
 
@@ -78,6 +82,7 @@ const Cause Cause::kHookCount{kHookCountWord};
 const Cause Cause::kGradApi{kGradApiWord};
 const Cause Cause::kUnexplained{kUnexplainedWord};
 const Cause Cause::kAccumulationOrder{kAccumulationOrderWord};
+const Cause Cause::kReentrantNoGrad{kReentrantNoGradWord};
 
 std::ostream& operator<<(std::ostream& os, const Cause& cause) { return os << cause.name(); }
 
@@ -86,7 +91,8 @@ const std::vector<Cause>& all_causes() {
     std::vector<Cause> v = {Cause::kRng,         Cause::kInPlace,      Cause::kAutocast,    Cause::kNonDeterministic,
                             Cause::kStateful,    Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
                             Cause::kVacuous,     Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
-                            Cause::kGradApi,     Cause::kUnexplained,  Cause::kAccumulationOrder};
+                            Cause::kGradApi,     Cause::kUnexplained,  Cause::kAccumulationOrder,
+                            Cause::kReentrantNoGrad};
     for (const auto& c : builtin_checks()) v.insert(v.end(), c->info().causes.begin(), c->info().causes.end());
     return v;
   }();

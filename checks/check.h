@@ -60,6 +60,7 @@ class Cause {
   static const Cause kGradApi;           // grad-api: autograd::grad or backward(inputs=) through a reentrant checkpoint
   static const Cause kUnexplained;       // unexplained: the recompute differs and no check found why
   static const Cause kAccumulationOrder; // accumulation-order: gradients differ by rounding only, summed in another order
+  static const Cause kReentrantNoGrad;   // reentrant-no-grad: something kept from a forward run without autograd
 
  private:
   const CauseWord* word_;

@@ -77,7 +77,75 @@ std::string site_in_error(const std::string& error) {
   return end == std::string::npos ? "" : error.substr(begin, end - begin);
 }
 
+// The part of a CheckpointError's metadata line between two of its keys ('shape' to 'dtype').
+std::string metadata_field(const std::string& error, const std::string& line, const std::string& key,
+                           const std::string& next) {
+  const auto at = error.find(line);
+  if (at == std::string::npos) return "";
+  const auto begin = error.find(key, at);
+  const auto end = begin == std::string::npos ? begin : error.find(next, begin);
+  return end == std::string::npos ? "" : error.substr(begin, end - begin);
+}
+
+// The recomputed tensors of another shape are state that grew between the forward and the
+// recompute (a KV cache appended to again); of the same shape and another dtype, autocast.
+Cause metadata_cause(const std::string& error) {
+  const auto shape = [&](const char* line) { return metadata_field(error, line, "'shape'", "'dtype'"); };
+  const auto dtype = [&](const char* line) { return metadata_field(error, line, "'dtype'", "'device'"); };
+  if (shape("saved metadata") == shape("recomputed metadata") &&
+      dtype("saved metadata") != dtype("recomputed metadata")) {
+    return Cause::kAutocast;
+  }
+  return Cause::kStateful;
+}
+
+// The site a PyTorch error in the checkpointed step belongs to, from the evidence: the call whose
+// recompute threw or differed; for a checkpoint none of whose inputs requires grad, the first such
+// call; else the first call the backward never recomputed (it failed before reaching it).
+std::string site_of_pytorch_error(const CheckContext& ctx, const Cause& cause) {
+  const auto& calls = ctx.records.checkpointed.calls;
+  const auto first = [&](auto&& pred) {
+    for (const auto& c : calls) {
+      if (pred(c)) return c.site;
+    }
+    return std::string();
+  };
+  auto site = first([](const CallEvidence& c) { return c.recomputed && (c.recompute_failed || recompute_differs(c)); });
+  if (site.empty() && cause == Cause::kMissingGrad) site = first([](const CallEvidence& c) { return !c.inputs_require_grad; });
+  if (site.empty()) site = first([](const CallEvidence& c) { return !c.recomputed; });
+  return site;
+}
+
 }  // namespace
+
+std::optional<PytorchErrorMeaning> pytorch_error_meaning(const std::string& error) {
+  struct Row {
+    const char* fragment;
+    const Cause* cause;  // null: decided by the message (metadata_cause)
+    const char* evidence;
+    bool checkpoint_error;  // PyTorch's CheckpointError: more precise than ckcheck's state evidence
+  };
+  static const Row rows[] = {
+      {"modified by an inplace operation", &Cause::kInPlace,
+       "PyTorch's version counter: a tensor saved for backward was changed in place after the forward", false},
+      {"does not require grad and does not have a grad_fn", &Cause::kMissingGrad,
+       "no input of a reentrant checkpoint requires grad, so its outputs carry no graph and the parameters inside "
+       "get no gradient", false},
+      {"have different metadata than during the forward pass", nullptr,
+       "the recompute saved tensors other than the forward's (PyTorch's CheckpointError)", true},
+      {"trying to save more tensors during recomputation than during the original forward", &Cause::kStateful,
+       "the recompute took another path than the forward and saved more tensors (PyTorch's CheckpointError): "
+       "state the forward changed, or a decision that depends on it", true},
+      {"A different number of tensors was saved during the original forward and recomputation", &Cause::kStateful,
+       "the recompute took another path than the forward and saved another number of tensors (PyTorch's "
+       "CheckpointError): state the forward changed, or a decision that depends on it", true},
+  };
+  for (const auto& row : rows) {
+    if (error.find(row.fragment) == std::string::npos) continue;
+    return PytorchErrorMeaning{row.cause ? *row.cause : metadata_cause(error), row.evidence, row.checkpoint_error};
+  }
+  return std::nullopt;
+}
 
 std::optional<CheckResult> plain_not_repeatable(const std::string& id, const CheckContext& ctx) {
   const auto& names = ctx.records.plain_not_repeated;
@@ -102,7 +170,15 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
   r.id = id;
   const bool grad_api = error.find("are not supported through a checkpoint") != std::string::npos ||
                         error.find("double backward (create_graph=true) is not supported") != std::string::npos;
-  if (!grad_api && explained.empty()) {
+  // PyTorch's message says what went wrong where ckcheck's evidence is silent; for a CheckpointError
+  // it also says more than state evidence (state changed before the recompute) or no evidence.
+  auto meaning = grad_api ? std::nullopt : pytorch_error_meaning(error);
+  if (meaning && !explained.empty()) {
+    const auto& by_evidence = explained.front().cause;
+    const bool vaguer = by_evidence == Cause::kInPlace || by_evidence == Cause::kUnexplained;
+    if (!(meaning->checkpoint_error && vaguer)) meaning.reset();
+  }
+  if (!grad_api && explained.empty() && !meaning) {
     // Nothing the checks saw explains it: an error, not a finding with a guessed cause.
     auto site = site_in_error(error);
     // The message may not name it; the evidence does: the call whose recompute threw.
@@ -117,10 +193,19 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
     return r;
   }
   Finding f;
-  // ckcheck::checkpoint's own refusal of grad()/backward(inputs=)/create_graph names its site.
-  f.cause = grad_api ? Cause::kGradApi : explained.front().cause;
-  f.site = grad_api ? site_in_error(error) : explained.front().site;
   f.message = message_prefix + first_line(error);
+  if (grad_api) {
+    // ckcheck::checkpoint's own refusal of grad()/backward(inputs=)/create_graph names its site.
+    f.cause = Cause::kGradApi;
+    f.site = site_in_error(error);
+  } else if (meaning) {
+    f.cause = meaning->cause;
+    f.site = explained.empty() ? site_of_pytorch_error(ctx, f.cause) : explained.front().site;
+    f.message += "; " + meaning->evidence;
+  } else {
+    f.cause = explained.front().cause;
+    f.site = explained.front().site;
+  }
   add_finding(r, f);
   r.status = Status::kFail;
   r.summary = summary;

@@ -35,6 +35,16 @@ CheckResult reference_failed(const std::string& id, const CheckContext& ctx);
 /// judged: the result that says so (status error), or nothing when the plain step repeats.
 std::optional<CheckResult> plain_not_repeatable(const std::string& id, const CheckContext& ctx);
 
+/// What one of PyTorch's own errors in a checkpointed step means: its cause and the evidence in
+/// words (the version counter's in-place error, a reentrant checkpoint's inputs without grad,
+/// CheckpointError's metadata and count mismatches). Nothing for other errors.
+struct PytorchErrorMeaning {
+  Cause cause;
+  std::string evidence;
+  bool checkpoint_error = false;  // a CheckpointError (metadata or count of saved tensors)
+};
+std::optional<PytorchErrorMeaning> pytorch_error_meaning(const std::string& error);
+
 /// A failing CheckResult for when the checkpointed step failed and the plain one did not, with
 /// the cause and site the evidence gives (the first explained site), or non-deterministic.
 CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, const std::string& message_prefix,

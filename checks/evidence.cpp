@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace ckcheck {
 
 const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site) {
@@ -74,7 +76,7 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
       }
       if (probe && probe->private_generator) {
         found = SiteExplanation{site, Cause::kRng, "the site draws from its own torch::Generator, which no checkpoint restores"};
-      } else if (c.rng_consumed && !ctx.config.checkpoint.preserve_rng_state) {
+      } else if (c.rng_consumed && (!ctx.config.checkpoint.preserve_rng_state || !c.rng_replayed)) {
         found = SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
       } else if (first_dtype_difference(c)) {
         found = SiteExplanation{site, Cause::kAutocast, "the recompute runs its ops in other dtypes than the forward"};
@@ -137,6 +139,42 @@ bool is_gradient(const std::string& kind) {
 
 }  // namespace
 
+std::optional<SiteExplanation> graph_lost_in_no_grad_forward(const CheckContext& ctx, const std::string& tensor) {
+  std::vector<std::string> lost;
+  for (const auto& t : ctx.records.reference.tensors) {
+    if (t.kind != "output" || !t.requires_grad) continue;
+    const auto* other = ctx.records.checkpointed.find(t.name, t.kind, t.step);
+    if (other && !other->requires_grad) lost.push_back(t.name);
+  }
+  if (lost.empty()) return std::nullopt;
+  const auto own = owning_unit(ctx.plan, tensor);
+  std::string site;
+  for (const auto& c : ctx.records.checkpointed.calls) {
+    if (!c.forward_no_grad) continue;
+    if (site.empty() || c.site == own) site = c.site;
+  }
+  if (site.empty()) return std::nullopt;
+  return SiteExplanation{site, Cause::kReentrantNoGrad,
+                         fmt::format("{} {} a graph without checkpointing and none with it: the checkpointed forward "
+                                     "ran without autograd, so what was kept from inside it has no gradient",
+                                     fmt::join(lost, ", "), lost.size() == 1 ? "has" : "have")};
+}
+
+namespace {
+
+// The largest magnitude among the plain step's gradients.
+double largest_gradient(const CheckContext& ctx) {
+  double largest = 0.0;
+  for (const auto& t : ctx.records.reference.tensors) {
+    if (is_gradient(t.kind) && t.value.defined() && t.value.numel() > 0 && t.value.is_floating_point()) {
+      largest = std::max(largest, t.value.abs().max().item<double>());
+    }
+  }
+  return largest;
+}
+
+}  // namespace
+
 bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained) {
   if (!explained.empty()) return false;
   size_t recomputed = 0;
@@ -149,6 +187,7 @@ bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& 
   }
   if (recomputed == 0) return false;
   torch::NoGradGuard no_grad;
+  const double step_scale = largest_gradient(ctx);
   size_t differing = 0;
   for (const auto& d : ctx.diffs) {
     if (d.equal || is_state_kind(d.kind)) continue;
@@ -159,7 +198,7 @@ bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& 
     }
     const auto* ref = ctx.records.reference.find(d.name, d.kind, d.step);
     if (!ref || !ref->value.defined()) return false;
-    const double scale = ref->value.abs().max().item<double>();
+    const double scale = std::max(ref->value.abs().max().item<double>(), step_scale);
     if (!(d.max_abs <= kReassociationEps * epsilon_of(ref->value) * scale)) return false;
   }
   return differing > 0;

@@ -29,13 +29,19 @@ bool recompute_differs(const CallEvidence& call);
 /// For every checkpointed unit whose evidence shows a hazard, its cause, in plan order.
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx);
 
+/// When the plain step's outputs that carried a graph lost it with checkpointing while a
+/// checkpointed forward ran without autograd (a reentrant checkpoint): the unit whose forward ran
+/// so (`tensor`'s own unit when it is one of them) and the outputs that lost their graph.
+std::optional<SiteExplanation> graph_lost_in_no_grad_forward(const CheckContext& ctx, const std::string& tensor);
+
 /// How many epsilons of a gradient's largest value a different summation order may move it.
 constexpr double kReassociationEps = 1024.0;
 
 /// True when checkpointing changed only the order in which gradients were summed: no site-level
 /// evidence, every recompute reproduced its forward bitwise, the loss and outputs are equal, and
 /// every differing tensor (state aside) is a gradient within kReassociationEps epsilons of its
-/// largest value. The backward then computed the same contributions and added them in another
+/// scale: its own largest value, or the largest of all the step's gradients where that is larger
+/// (a gradient whose true value is zero is summed from terms of that size and keeps their noise). The backward then computed the same contributions and added them in another
 /// order: a reentrant checkpoint runs a separate backward per checkpointed call, and adds each
 /// call's part to .grad on its own.
 bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained);

@@ -48,6 +48,10 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
         "every recompute reproduced its forward bitwise and the loss and outputs are equal; the gradient "
         "differs by {:.3g}, within {} epsilons of its largest value: the backward summed the same "
         "contributions in another order", d.max_abs, kReassociationEps);
+  } else if (const auto lost = explained.empty() ? graph_lost_in_no_grad_forward(ctx, d.name) : std::nullopt) {
+    f.cause = lost->cause;
+    f.site = lost->site;
+    evidence = lost->evidence;
   } else if (explained.empty()) {
     // No hazard explains it: say so, rather than guess one (the determinism probe did not fail).
     f.cause = Cause::kUnexplained;
@@ -155,7 +159,7 @@ class GradientsCheck : public Check {
     if (auto not_repeatable = plain_not_repeatable(id(), ctx)) return *not_repeatable;
     StepEvidence step;
     step.explained = explain_sites(ctx);
-    step.rounding = rounding_only(ctx, step.explained);
+    step.rounding = rounding_only(ctx, step.explained) && !graph_lost_in_no_grad_forward(ctx, "");
     bool recomputed = false, all_equal = true;  // a call whose outputs were not compared vouches for nothing
     for (const auto& c : ctx.records.checkpointed.calls) {
       if (!c.recomputed) continue;

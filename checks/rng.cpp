@@ -28,16 +28,18 @@ class RngCheck : public Check {
       const auto site = Plan::unit_label(unit);
       const UnitProbe* probe = probe_for(ctx, site);
       bool consumed = probe && (probe->rng_consumed || !probe->random_ops.empty());
-      bool differs = false;
+      bool differs = false, replayed = true;
       for (const auto& c : ctx.records.checkpointed.calls) {
         if (c.site != site) continue;
         consumed = consumed || c.rng_consumed;
         differs = differs || recompute_differs(c);
+        replayed = replayed && c.rng_replayed;
       }
       if (!consumed) continue;
       ++random_sites;
       const bool private_gen = probe && probe->private_generator;
-      if (!differs || !(private_gen || !ctx.config.checkpoint.preserve_rng_state)) continue;
+      const bool asked_off = !ctx.config.checkpoint.preserve_rng_state;
+      if (!differs || !(private_gen || asked_off || !replayed)) continue;
       Finding f;
       f.cause = Cause::kRng;
       f.site = site;
@@ -46,7 +48,7 @@ class RngCheck : public Check {
       f.tensor = ops;
       f.details = {{"random_ops", probe ? probe->random_ops : std::vector<std::string>{}},
                    {"private_generator", private_gen},
-                   {"rng_state_preserved", ctx.config.checkpoint.preserve_rng_state}};
+                   {"rng_state_preserved", ctx.config.checkpoint.preserve_rng_state && replayed}};
       if (private_gen) {
         f.message = "the site draws random numbers from its own torch::Generator, which no "
                     "checkpoint saves or restores, so its recompute draws other numbers";
@@ -54,8 +56,12 @@ class RngCheck : public Check {
                  "exclude this site from checkpointing";
       } else {
         f.message = "the site draws random numbers and the RNG state is not replayed in the "
-                    "recompute, so it draws a different mask than the forward";
-        f.hint = "keep RNG state: checkpoint with preserve_rng_state (drop --no-preserve-rng)";
+                    "recompute (it ends in another RNG state than the forward), so it draws a different "
+                    "mask than the forward";
+        f.hint = asked_off ? "keep RNG state: checkpoint with preserve_rng_state (drop --no-preserve-rng)"
+                           : "the checkpoint under test does not replay the RNG state: call "
+                             "torch.utils.checkpoint with preserve_rng_state=True (its default), or draw the "
+                             "random numbers outside the checkpointed segment";
       }
       add_finding(r, f);
     }

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +24,8 @@
 #include "ckcheck/model.h"
 #include "cli/app.h"
 #include "cli/common.h"
+#include "cli/supervise.h"
+#include "harness/support/phase.h"
 #include "harness/model/random_input.h"
 #include "harness/support/errors.h"
 
@@ -42,7 +45,8 @@ std::string one_line(const py::error_already_set& e) {
   }
   std::string message = py::str(e.value());
   const auto cut = message.find('\n');
-  if (cut != std::string::npos) message = message.substr(0, cut);
+  // With --verbose the Python side appends the traceback: kept for the error line to show.
+  if (cut != std::string::npos && !std::getenv("CKCHECK_VERBOSE")) message = message.substr(0, cut);
   return type == "UsageError" ? message : type + ": " + message;
 }
 
@@ -261,7 +265,7 @@ class PythonModel : public Model {
   std::map<std::string, std::vector<CheckpointCall>> pending_;  // --checkpoint model
 };
 
-std::unique_ptr<Model> load(const cli::ModelArgs& args) {
+std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& choice) {
   // --input-shape/--input-dtype/--input-range are parsed and the tensor made here, once, by the
   // rules the TorchScript models use; the factory's module gets the tensor.
   const auto random = RandomInput::parse(args.input_shape, args.input_dtype, args.input_range);
@@ -272,7 +276,8 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args) {
     inputs["file"] = args.input_file;
     auto adapter = py::module_::import("ckcheck._model")
                        .attr("load")(args.model, args.seed, inputs, args.checkpoint, args.mode);
-    return std::make_unique<PythonModel>(adapter, args.checkpoint);
+    choice = {adapter.attr("checkpoint").cast<std::string>(), adapter.attr("checkpoint_reason").cast<std::string>()};
+    return std::make_unique<PythonModel>(adapter, choice.name);
   } catch (py::error_already_set& e) {
     throw UsageError(fmt::format("--model {}: {}", args.model, one_line(e)));
   }
@@ -280,6 +285,15 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args) {
 
 int cli_main(const std::vector<std::string>& args) {
   cli::set_python_model_loader(load);
+  // What the model printed through Python's buffers goes out before a report takes stdout back.
+  cli::set_before_report([] {
+    py::gil_scoped_acquire gil;
+    try {
+      py::module_::import("sys").attr("stdout").attr("flush")();
+      py::module_::import("sys").attr("stderr").attr("flush")();
+    } catch (py::error_already_set&) {
+    }
+  });
   py::gil_scoped_release released;
   return cli::run_cli(args);
 }
@@ -289,6 +303,8 @@ int cli_main(const std::vector<std::string>& args) {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ckcheck's C++ core: the runner, checks and reports, for eager PyTorch models";
+  m.def("set_status_fd", &ckcheck::set_status_fd, py::arg("fd"),
+        "Tells a supervising ckcheck program, through this file descriptor, the phase of the run.");
   m.def("cli_main", &ckcheck::python::cli_main, py::arg("argv"),
         "Runs `ckcheck ARGV...` in this process (Python models allowed); returns the exit status.");
 }

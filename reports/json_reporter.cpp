@@ -95,6 +95,16 @@ nlohmann::json report_json(const Report& r) {
                 {"sites", r.model.sites},     {"candidates", r.model.candidates},
                 {"checkpointed", r.model.checkpointed}, {"units", r.model.units},
                 {"policy", r.model.policy},           {"eval_modules", r.model.eval_modules}};
+  if (!r.model.checkpoint.empty()) {
+    j["model"]["checkpoint"] = r.model.checkpoint;
+    j["model"]["checkpoint_reason"] = r.model.checkpoint_reason;
+  }
+  if (r.command != "validate-op") {
+    j["model"]["inputs"] = nlohmann::json::array();
+    for (const auto& in : r.model.inputs) {
+      j["model"]["inputs"].push_back({{"shape", in.shape}, {"dtype", in.dtype}, {"requires_grad", in.requires_grad}});
+    }
+  }
   j["config"] = r.config;
   j["checks"] = nlohmann::json::array();
   for (const auto& c : r.checks) {

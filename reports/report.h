@@ -19,6 +19,13 @@
 
 namespace ckcheck {
 
+/// One input of the model's step, as the step receives it.
+struct InputInfo {
+  std::vector<int64_t> shape;
+  std::string dtype;
+  bool requires_grad = false;
+};
+
 struct ModelInfo {
   std::string name;
   std::map<std::string, std::string> options;
@@ -28,6 +35,9 @@ struct ModelInfo {
   std::vector<std::string> units;         // unit labels ("blocks.0", "blocks.0..blocks.1")
   std::string policy;
   std::vector<std::string> eval_modules;  // modules whose training flag is off during the steps
+  std::string checkpoint;                 // the checkpoint under test (ckcheck, torch, torch-reentrant, model)
+  std::string checkpoint_reason;          // why that one
+  std::vector<InputInfo> inputs;          // the step's inputs: input gradients are compared where they require grad
 };
 
 struct Report {

@@ -33,7 +33,7 @@ std::vector<torch::Tensor> Model::site_buffers(const std::string& site) {
 
 bool is_state_kind(const std::string& kind) {
   return kind == state_kind::kBuffer || kind == state_kind::kTensorAttribute || kind == state_kind::kScalarAttribute ||
-         kind == state_kind::kMode || kind == state_kind::kExtra;
+         kind == state_kind::kMode || kind == state_kind::kExtra || kind == state_kind::kParameter;
 }
 
 std::string state_kind_words(const std::string& kind) {
@@ -41,6 +41,7 @@ std::string state_kind_words(const std::string& kind) {
   if (kind == state_kind::kScalarAttribute) return "scalar attribute";
   if (kind == state_kind::kMode) return "training flag";
   if (kind == state_kind::kExtra) return "state";
+  if (kind == state_kind::kParameter) return "parameter value";
   return "buffer";
 }
 

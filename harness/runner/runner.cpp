@@ -14,6 +14,7 @@
 #include "harness/support/errors.h"
 #include "harness/support/global_state.h"
 #include "harness/support/memory.h"
+#include "harness/support/phase.h"
 
 namespace ckcheck {
 
@@ -86,6 +87,8 @@ class EvidenceObserver : public CheckpointObserver {
     e.call = c.id;
     e.step = step;
     e.versions_entry = versions_of(inputs);
+    e.forward_no_grad = !torch::GradMode::is_enabled();
+    for (const auto& x : inputs) e.inputs_require_grad = e.inputs_require_grad || (x.defined() && x.requires_grad());
     for (const auto& x : inputs) entry_prints_[c.id].push_back(fingerprint(x));
     rng_before_[c.id] = RngState::capture();
   }
@@ -97,8 +100,10 @@ class EvidenceObserver : public CheckpointObserver {
     if (!evidence_) return;
     auto& e = calls_[c.id];
     e.versions_exit = versions_of(inputs);
-    e.rng_consumed = RngState::capture() != rng_before_[c.id];
+    const auto rng_after = RngState::capture();
+    e.rng_consumed = rng_after != rng_before_[c.id];
     rng_before_.erase(c.id);
+    if (e.rng_consumed) rng_after_forward_[c.id] = rng_after;
     auto& kept = outputs_[c.id];
     for (const auto& o : outputs) kept.push_back(o.defined() ? o.detach().clone() : Tensor());
     state_at_forward_[c.id] = state_marks();
@@ -151,6 +156,12 @@ class EvidenceObserver : public CheckpointObserver {
     }
     if (!evidence_) return;
     auto& e = calls_[c.id];
+    // Whatever the checkpoint (ckcheck's, torch's, the model's own): a recompute that drew the
+    // forward's random numbers from the forward's state ends where the forward ended.
+    if (auto it = rng_after_forward_.find(c.id); it != rng_after_forward_.end()) {
+      e.rng_replayed = RngState::capture() == it->second;
+      rng_after_forward_.erase(it);
+    }
     const auto& before = outputs_[c.id];
     for (size_t i = 0; i < outputs.size(); ++i) {
       auto d = compare_tensors(i < before.size() ? before[i] : Tensor(), outputs[i], Tolerance());
@@ -171,6 +182,7 @@ class EvidenceObserver : public CheckpointObserver {
     calls_.clear();
     outputs_.clear();
     entry_prints_.clear();
+    rng_after_forward_.clear();
   }
 
  private:
@@ -181,6 +193,7 @@ class EvidenceObserver : public CheckpointObserver {
   std::map<int64_t, std::vector<Tensor>> outputs_;
   std::map<int64_t, std::vector<uint64_t>> entry_prints_;
   std::map<int64_t, RngState> rng_before_;
+  std::map<int64_t, RngState> rng_after_forward_;
   Model* model_;
   const Plan* plan_;
   // Each state tensor's identity and version; a scalar attribute (a fresh 0-d tensor each time)
@@ -395,12 +408,14 @@ std::vector<Tensor> forward_under(const Autocast& autocast, Model& model, const 
   return model.forward(xs, sites);
 }
 
-// The leaves a step starts from: fresh copies of the inputs, floating-point ones requiring grad.
-std::vector<Tensor> leaf_inputs(const std::vector<Tensor>& inputs) {
+// The leaves a step starts from: fresh copies of the inputs, each requiring grad as the model's
+// own did (or every floating-point one, when the run asks for input gradients).
+std::vector<Tensor> leaf_inputs(const std::vector<Tensor>& inputs, bool all_require_grad) {
   std::vector<Tensor> xs;
   for (const auto& x : inputs) {
     auto leaf = x.detach().clone();
-    if (leaf.is_floating_point()) leaf.requires_grad_(true);
+    const bool wants = x.requires_grad() || (all_require_grad && x.is_floating_point());
+    if (wants && (leaf.is_floating_point() || leaf.is_complex())) leaf.requires_grad_(true);
     xs.push_back(leaf);
   }
   return xs;
@@ -478,7 +493,8 @@ void record_outputs(StepRecord& record, const std::vector<Tensor>& outs, const T
   const auto suffix = micro_batch_suffix(micro_batch);
   record.tensors.push_back({"loss" + suffix, "loss", step, loss});
   for (size_t i = 0; i < outs.size(); ++i) {
-    record.tensors.push_back({fmt::format("output[{}]{}", i, suffix), "output", step, copy_of(outs[i])});
+    record.tensors.push_back({fmt::format("output[{}]{}", i, suffix), "output", step, copy_of(outs[i]),
+                              outs[i].defined() && outs[i].requires_grad()});
   }
 }
 
@@ -497,12 +513,28 @@ void record_partial_grads(StepRecord& record, const NamedTensors& params, int64_
   }
 }
 
+// Each parameter's version counter as a step begins: a parameter the step changes in place (a
+// step count kept as an untrained parameter, weights renormalised in the forward) is state.
+std::vector<int64_t> parameter_versions(const NamedTensors& params) {
+  std::vector<int64_t> v;
+  for (const auto& [name, p] : params) v.push_back(static_cast<int64_t>(p._version()));
+  return v;
+}
+
 // Parameter gradients (summed over the micro-batches), input gradients, then the model's state
-// (buffers, attributes, extra state): parameters are covered by their gradients, the rest is what
-// the step changed.
+// (buffers, attributes, extra state, and the value of every parameter the step changed in place,
+// judged by its version counter since `versions`): the rest of a parameter is covered by its
+// gradient.
 void record_gradients_and_state(StepRecord& record, Model& model, const NamedTensors& params,
-                                std::vector<TensorRecord>& input_grads, int64_t step) {
+                                std::vector<TensorRecord>& input_grads, int64_t step,
+                                const std::vector<int64_t>& versions) {
   for (const auto& [name, p] : params) record.tensors.push_back({name, "param-grad", step, copy_of(p.grad())});
+  for (size_t k = 0; k < params.size() && k < versions.size(); ++k) {
+    const auto& p = params[k].second;
+    if (static_cast<int64_t>(p._version()) != versions[k]) {
+      record.tensors.push_back({params[k].first, state_kind::kParameter, step, copy_of(p)});
+    }
+  }
   for (auto& t : input_grads) record.tensors.push_back(std::move(t));
   input_grads.clear();
   for (const auto& [name, b] : model.state_tensors()) {
@@ -574,6 +606,7 @@ CheckpointOptions CheckpointProtections::options() const {
 StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::string& label) {
   StepRecord record;
   record.label = label;
+  set_phase(label == "reference" ? "the plain step" : label == "checkpointed" ? "the checkpointed step" : "a further step");
   const auto autocast = autocast_for(options.amp.value_or(config_.amp), config_.device);
   std::optional<OpTracer> tracer;
   if (options.trace != TraceLevel::kNone) tracer.emplace(options.trace, options.value_budget_bytes, options.value_site);
@@ -592,9 +625,10 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
     for (int64_t step = 1; step <= config_.steps; ++step) {
       observer->step = step;
       for (const auto& [name, p] : params) p.mutable_grad() = Tensor();
+      const auto versions = parameter_versions(params);
       for (int64_t mb = 1; mb <= config_.accumulate; ++mb) {
         if (tp) tp->set_phase(Phase::kForward);
-        const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1));
+        const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1), config_.input_requires_grad);
         quiet.reset();
         const auto outs = forward_under(autocast, model_, xs, sites);
         quiet.emplace();
@@ -614,7 +648,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       }
       part.end_step(params);
       observer->flush();
-      record_gradients_and_state(record, model_, params, input_grads, step);
+      record_gradients_and_state(record, model_, params, input_grads, step, versions);
       if (step < config_.steps) sgd_update(params, config_.lr);
     }
   } catch (const std::exception& e) {
@@ -676,6 +710,7 @@ int64_t baseline_bytes(const NamedTensors& params, const std::vector<Tensor>& xs
 }  // namespace
 
 Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
+  set_phase("measuring memory and time");
   Measurement m;
   auto& meter = MemoryMeter::of(config_.device);
   const auto autocast = autocast_for(config_.amp, config_.device);
@@ -684,7 +719,7 @@ Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
     model_.restore(start_);
     seed_all(config_.seed);
     const auto params = model_.named_parameters();
-    auto xs = leaf_inputs(model_.make_inputs(config_.seed));
+    auto xs = leaf_inputs(model_.make_inputs(config_.seed), config_.input_requires_grad);
     zero_gradients(params, xs, /*allocate=*/true);
     m.baseline_bytes = baseline_bytes(params, xs);
     std::vector<Tensor> upstream;  // per output, the same every step
@@ -756,7 +791,12 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
     alone.count_hooks = false;
     r.single_process = run(nullptr, alone, "single process, whole batch");
   }
-  if (needs.probe) r.probes = probe(plan);
+  if (needs.probe) {
+    // The grad mode the checkpointed forwards ran in (a reentrant checkpoint runs them without).
+    bool no_grad = true;
+    for (const auto& c : r.checkpointed.calls) no_grad = no_grad && c.forward_no_grad;
+    r.probes = probe(plan, no_grad);
+  }
   if (needs.bench) {
     r.bench_plain = measure(nullptr, kBenchWarmup, kBenchSteps);
     r.bench_checkpointed = measure(&plan, kBenchWarmup, kBenchSteps);
@@ -869,14 +909,15 @@ class ProbeSiteRunner : public UnitSiteRunner {
 
 }  // namespace
 
-std::vector<UnitProbe> Runner::probe(const Plan& plan) {
+std::vector<UnitProbe> Runner::probe(const Plan& plan, bool no_grad) {
+  set_phase("the determinism probe");
   std::vector<UnitProbe> out;
   const auto autocast = autocast_for(config_.amp, config_.device);
   try {
     model_.restore(start_);
     seed_all(config_.seed);
     const auto inputs = model_.make_inputs(config_.seed);
-    torch::NoGradGuard no_grad;  // as the checkpoint's own forward runs
+    torch::AutoGradMode grad_mode(!no_grad);  // as the checkpoint under test runs its forward
     ProbeSiteRunner sites(plan, model_, out, 1);
     forward_under(autocast, model_, inputs, sites);
   } catch (const std::exception& e) {

@@ -51,6 +51,11 @@ struct RunConfig {
   /// Gradient accumulation: each step runs this many micro-batches (inputs of seeds seed,
   /// seed+1, ...), each with its forward and backward, their gradients summed before the update.
   int64_t accumulate = 1;
+  /// Make every floating-point input require grad (--input-requires-grad). Off by default: the
+  /// inputs keep the requires_grad their model gave them, as in the user's training step, where a
+  /// batch never requires grad -- a checkpoint that works only because its input requires grad
+  /// (a reentrant one under a frozen first layer) must not be checked with one that does.
+  bool input_requires_grad = false;
   /// Data-parallel training: each rank runs its shard of the global batch with its own RNG
   /// stream, and gradients are averaged over the ranks in buckets filled by hooks. Not owned.
   DataParallel* data_parallel = nullptr;
@@ -62,6 +67,7 @@ struct TensorRecord {
   std::string kind;  // loss, output, param-grad, input-grad, buffer
   int64_t step = 1;
   torch::Tensor value;  // undefined when there is none (a parameter without gradient)
+  bool requires_grad = false;  // outputs: whether the step's output carried a graph
 };
 
 /// What one checkpointed call showed during a recorded step.
@@ -75,6 +81,9 @@ struct CallEvidence {
   /// forward and before its recompute -- by the parent or a later site -- by name.
   std::vector<std::string> state_changed;
   bool rng_consumed = false;          // the default generators moved during the forward
+  bool rng_replayed = true;           // the recompute ended in the RNG state the forward ended in
+  bool forward_no_grad = false;       // the forward ran without autograd (a reentrant checkpoint)
+  bool inputs_require_grad = false;   // some input required grad as the forward began
   bool recomputed = false;            // backward reached the call
   bool recompute_failed = false;      // the recompute started and threw
   bool grad_all_zero = true;          // every gradient that reached it was zero (or none did)
@@ -215,8 +224,10 @@ class Runner {
   /// The reference and checkpointed steps plus whatever `needs` asks for.
   RunRecords run_all(const Plan& plan, const Needs& needs);
 
-  /// Repeats each checkpointed unit on its forward inputs (see UnitProbe), step by step.
-  std::vector<UnitProbe> probe(const Plan& plan);
+  /// Repeats each checkpointed unit on its forward inputs (see UnitProbe), step by step, in the
+  /// grad mode the checkpoint under test runs its forward in (`no_grad`: a reentrant checkpoint),
+  /// so that a unit is probed in the state it runs in when checkpointed.
+  std::vector<UnitProbe> probe(const Plan& plan, bool no_grad = true);
 
   /// `warmup` then `steps` training steps with `plan`'s units checkpointed (plain when null),
   /// measuring peak memory above the baseline and time; nothing is recorded, so nothing but the

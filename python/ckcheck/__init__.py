@@ -70,7 +70,7 @@ def _factory(model, inputs, loss, enable, disable):
     return make
 
 
-def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="ckcheck", seed=0,
+def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", seed=0,
         steps=1, checks=None, tolerance="bitwise", loss=None, enable=None, disable=None,
         preserve_rng_state=True, args=()):
     """Checks `model` (an nn.Module) on `inputs` and returns ckcheck's report as a dict.
@@ -78,8 +78,10 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="ckcheck
     inputs: a tensor, a tuple/list of positional arguments or a dict of keyword arguments.
     sites: globs over named_modules() paths (default: the model's blocks).
     policy: none, every:K, segments[:N] or sites:GLOB.
-    checkpoint: "ckcheck", "torch" (torch.utils.checkpoint, use_reentrant=False),
-        "torch-reentrant" or "model" (the model's own gradient_checkpointing_enable()).
+    checkpoint: "auto" (the model's own switch when it has one, else "torch"), "ckcheck",
+        "torch" (torch.utils.checkpoint, use_reentrant=False), "torch-reentrant" or "model"
+        (the model's own gradient_checkpointing_enable() or set_grad_checkpointing()).
+    inputs keep their requires_grad; pass args=["--input-requires-grad"] to compare input gradients.
     loss: loss(output) -> tensor(s) to differentiate (default: every floating-point output).
     enable/disable: the model's own checkpointing switch, for checkpoint="model".
     args: more `ckcheck run` arguments, as on the command line.

@@ -34,6 +34,66 @@ class UsageError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
+# The model's own checkpoint calls
+#
+# Under --checkpoint model the unit of checkpointing is what the model hands to
+# torch.utils.checkpoint.checkpoint: a module, a module's forward (Hugging Face's layers pass
+# partial(forward, self)), or a closure over several modules (its unit: the module whose forward
+# made the call). ckcheck sees those calls through a pass-through around the checkpoint function,
+# installed when ckcheck is imported (so that `from torch.utils.checkpoint import checkpoint` in the
+# user's code and in libraries imported after it binds it) and on the checkpoint functions the
+# model's switch stores. It calls the original with the same arguments; only while ckcheck runs a
+# step with the model's switch on does it wrap the function, to watch the unit's forward and
+# recompute. It changes nothing the model computes.
+
+_ORIGINAL_CHECKPOINT = torch.utils.checkpoint.checkpoint
+_ACTIVE = []  # the ModelAdapter whose step is running under the model's own switch
+
+
+def _unit_module(fn):
+    """The module a callable handed to the checkpoint stands for, or None (a closure)."""
+    for _ in range(8):
+        if isinstance(fn, torch.nn.Module):
+            return fn
+        if isinstance(fn, functools.partial):
+            if fn.args and isinstance(fn.args[0], torch.nn.Module):
+                return fn.args[0]
+            fn = fn.func
+            continue
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            return owner
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None:
+            return None
+        fn = inner
+    return None
+
+
+@functools.wraps(_ORIGINAL_CHECKPOINT)
+def _tapped_checkpoint(function, *args, **kwargs):
+    adapter = _ACTIVE[-1] if _ACTIVE else None
+    if adapter is None:
+        return _ORIGINAL_CHECKPOINT(function, *args, **kwargs)
+    return _ORIGINAL_CHECKPOINT(adapter.unit_function(function), *args, **kwargs)
+
+
+_tapped_checkpoint._ckcheck_tap = True
+torch.utils.checkpoint.checkpoint = _tapped_checkpoint
+
+
+def _tap_stored_checkpoints(module):
+    """Hugging Face stores partial(checkpoint, **kwargs) on each layer when its switch goes on; where
+    that partial holds the checkpoint imported before ckcheck, it gets the pass-through too."""
+    for m in module.modules():
+        fn = vars(m).get("_gradient_checkpointing_func")
+        if fn is _ORIGINAL_CHECKPOINT:
+            m._gradient_checkpointing_func = _tapped_checkpoint
+        elif isinstance(fn, functools.partial) and fn.func is _ORIGINAL_CHECKPOINT:
+            m._gradient_checkpointing_func = functools.partial(_tapped_checkpoint, *fn.args, **fn.keywords)
+
+
+# ---------------------------------------------------------------------------------------------
 # Loading the factory
 
 
@@ -54,12 +114,12 @@ def _import_factory(spec: str):
         try:
             loader_spec.loader.exec_module(module)
         except Exception as e:  # one line: what failed in the user's file
-            raise UsageError(f"importing {path} failed: {type(e).__name__}: {_first_line(e)}") from e
+            raise UsageError(_failure(f"importing {path} failed", e)) from e
     else:
         try:
             module = importlib.import_module(path)
         except Exception as e:
-            raise UsageError(f"importing {path} failed: {type(e).__name__}: {_first_line(e)}") from e
+            raise UsageError(_failure(f"importing {path} failed", e)) from e
     factory = getattr(module, name, None)
     if not callable(factory):
         raise UsageError(f"{path} has no callable '{name}' (write FILE.py:CALLABLE)")
@@ -69,6 +129,16 @@ def _import_factory(spec: str):
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else ""
+
+
+def _failure(what: str, e: BaseException, sep: str = ": ") -> str:
+    """'WHAT: Type: first line' -- and with --verbose (CKCHECK_VERBOSE) the traceback after it."""
+    text = f"{what}{sep}{type(e).__name__}: {_first_line(e)}"
+    if os.environ.get("CKCHECK_VERBOSE"):
+        import traceback
+
+        text += "\n" + "".join(traceback.format_exception(e)).rstrip()
+    return text
 
 
 def _parse_result(result):
@@ -140,7 +210,7 @@ def load(spec: str, seed: int, input_opts: dict, checkpoint: str, mode: str) -> 
     except UsageError:
         raise
     except Exception as e:
-        raise UsageError(f"the factory raised {type(e).__name__}: {_first_line(e)}") from e
+        raise UsageError(_failure("the factory raised", e, sep=" ")) from e
     module, args, kwargs, loss, enable, disable = _parse_result(result)
     if not args and not kwargs:
         args = _option_inputs(input_opts)
@@ -150,8 +220,46 @@ def load(spec: str, seed: int, input_opts: dict, checkpoint: str, mode: str) -> 
         module.train()
     elif mode == "eval":
         module.eval()
+    switch = own_switch(module, enable, disable)
+    checkpoint, reason = choose_checkpoint(checkpoint, switch)
     name = spec
-    return ModelAdapter(name, module, args, kwargs, loss, enable, disable, checkpoint)
+    return ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason)
+
+
+def own_switch(module, enable=None, disable=None):
+    """(enable, disable, what it is) of the model's own checkpointing switch, or None: the
+    factory's callables, Hugging Face's (activation_* in transformers 5, gradient_* before, where
+    the model says it supports it) or timm's set_grad_checkpointing."""
+    if enable is not None or disable is not None:
+        if not (callable(enable) and callable(disable)):
+            raise UsageError("the factory gives one of 'enable' and 'disable'; give both (the model's "
+                             "checkpointing switch on and off)")
+        return enable, disable, "the factory's enable/disable"
+    if getattr(module, "supports_gradient_checkpointing", True):
+        for prefix in ("activation_checkpointing", "gradient_checkpointing"):
+            on, off = getattr(module, prefix + "_enable", None), getattr(module, prefix + "_disable", None)
+            if callable(on) and callable(off):
+                return on, off, f"{prefix}_enable()"
+    grad_ckpt = getattr(module, "set_grad_checkpointing", None)
+    if callable(grad_ckpt):
+        return (lambda: grad_ckpt(True)), (lambda: grad_ckpt(False)), "set_grad_checkpointing()"
+    return None
+
+
+def choose_checkpoint(asked, switch):
+    """The checkpoint under test and why: what was asked for, or with `auto` the model's own
+    switch when it has one (what its users train with), else PyTorch's non-reentrant checkpoint
+    (what PyTorch recommends)."""
+    if asked == "model" and switch is None:
+        raise UsageError("--checkpoint model needs the model's own switch: the module has no "
+                         "gradient_checkpointing_enable()/_disable() or set_grad_checkpointing(); return "
+                         "'enable' and 'disable' callables from the factory, or use --checkpoint torch")
+    if asked != "auto":
+        return asked, "asked for"
+    if switch is not None:
+        return "model", f"the model's own switch, {switch[2]}: what its users train with"
+    return "torch", ("the model has no checkpointing switch of its own: torch.utils.checkpoint "
+                     "(use_reentrant=False, what PyTorch recommends) around its blocks")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,29 +294,30 @@ def _float_tensors(obj, out, seen):
 class ModelAdapter:
     """What ckcheck's Model interface needs, for an nn.Module and its inputs."""
 
-    def __init__(self, name, module, args, kwargs, loss, enable, disable, checkpoint):
+    def __init__(self, name, module, args, kwargs, loss, switch, checkpoint, reason="asked for"):
         self.name = name
         self.module = module
         self.loss = loss
         self.checkpoint = checkpoint
+        self.checkpoint_reason = reason
         self._call_site = None
         self._recording = None
         self._structures = []  # (leaves, spec, tensor positions) of the site calls under way
         self._paths = {}
+        self._names = {}  # id(module) -> path
+        self._active_paths = []  # the module forwards under way (innermost last)
+        self._units_seen = []  # --checkpoint model: units met by the checkpoint tap, in order
+        self._tap_units = False  # --checkpoint model: the units are the tapped calls
+        self._unit_paths = set()  # ... and their modules
+        self._switch_on = False  # the model's own switch is on for the step under way
         leaves, self._in_spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         self._in_leaves = leaves
         self._in_idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
         if not self._in_idx:
             raise UsageError("the model's inputs hold no tensor")
-        # Hugging Face's switch (activation_* in transformers 5, gradient_* before).
-        self._enable = enable or getattr(module, "activation_checkpointing_enable", None) \
-            or getattr(module, "gradient_checkpointing_enable", None)
-        self._disable = disable or getattr(module, "activation_checkpointing_disable", None) \
-            or getattr(module, "gradient_checkpointing_disable", None)
-        if checkpoint == "model" and not (callable(self._enable) and callable(self._disable)):
-            raise UsageError("--checkpoint model needs the model's own switch: the module has no "
-                             "gradient_checkpointing_enable()/_disable(); return 'enable' and 'disable' "
-                             "callables from the factory, or use --checkpoint torch")
+        self._enable, self._disable = (switch[0], switch[1]) if switch else (None, None)
+        if checkpoint == "model" and switch is None:
+            choose_checkpoint(checkpoint, switch)  # raises: no switch to test
         self._wrap_modules()
         self._switch_attrs = set()
         if checkpoint == "model":
@@ -225,6 +334,7 @@ class ModelAdapter:
             if not path:
                 continue
             self._paths[path] = m
+            self._names[id(m)] = path
             had_own = "forward" in vars(m)
             m.forward = self._wrapped(path, m.forward)
             m.forward._ckcheck_had_own = had_own
@@ -248,36 +358,69 @@ class ModelAdapter:
             if self._recording is not None:
                 self._recording(path)
             call_site = self._call_site
-            if call_site is None:
-                return forward(*args, **kwargs)
-            leaves, spec = pytree.tree_flatten((args, kwargs))
-            idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-            box = {}
-
-            def fn(tensors):
-                ls = list(leaves)
-                for i, t in zip(idx, tensors):
-                    ls[i] = t
-                a, k = pytree.tree_unflatten(ls, spec)
-                out = forward(*a, **k)
-                out_leaves, out_spec = pytree.tree_flatten(out)
-                out_idx = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
-                if "out" not in box:
-                    box["out"] = (out_leaves, out_spec, out_idx)
-                return [out_leaves[i] for i in out_idx]
-
-            self._structures.append((leaves, spec, idx))
-            try:
-                ys = call_site(path, fn, [leaves[i] for i in idx])
-            finally:
-                self._structures.pop()
-            out_leaves, out_spec, out_idx = box["out"]
-            out_leaves = list(out_leaves)
-            for i, y in zip(out_idx, ys):
-                out_leaves[i] = y
-            return pytree.tree_unflatten(out_leaves, out_spec)
+            # With the tapped units of --checkpoint model, the tap watches a unit while the model's
+            # switch is on; with it off (the plain step, the probes) the unit's module call does.
+            if call_site is None or (self._tap_units and (self._switch_on or path not in self._unit_paths)):
+                self._active_paths.append(path)
+                try:
+                    return forward(*args, **kwargs)
+                finally:
+                    self._active_paths.pop()
+            return self._through_site(path, forward, call_site, args, kwargs)
 
         return call
+
+    def unit_function(self, function):
+        """What the checkpoint tap hands to torch's checkpoint in place of `function`: the same
+        function, which under --checkpoint model goes through the runner as the unit it stands for
+        (so its forward and its recompute are watched); as it is otherwise."""
+        if self.checkpoint != "model":
+            return function
+        module = _unit_module(function)
+        path = self._names.get(id(module)) if module is not None else None
+        if path is None:  # a closure: the module whose forward called the checkpoint
+            path = self._active_paths[-1] if self._active_paths else "(root)"
+        if path not in self._units_seen:
+            self._units_seen.append(path)
+
+        @functools.wraps(function)
+        def unit(*args, **kwargs):
+            call_site = self._call_site
+            if call_site is None or not self._tap_units:
+                return function(*args, **kwargs)
+            return self._through_site(path, function, call_site, args, kwargs)
+
+        return unit
+
+    def _through_site(self, path, forward, call_site, args, kwargs):
+        """Calls forward(*args, **kwargs) through the runner's site `path`: its tensors, nested or
+        not, are the site's inputs and outputs."""
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        box = {}
+
+        def fn(tensors):
+            ls = list(leaves)
+            for i, t in zip(idx, tensors):
+                ls[i] = t
+            a, k = pytree.tree_unflatten(ls, spec)
+            out = forward(*a, **k)
+            out_leaves, out_spec = pytree.tree_flatten(out)
+            out_idx = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
+            if "out" not in box:
+                box["out"] = (out_leaves, out_spec, out_idx)
+            return [out_leaves[i] for i in out_idx]
+
+        self._structures.append((leaves, spec, idx))
+        try:
+            ys = call_site(path, fn, [leaves[i] for i in idx])
+        finally:
+            self._structures.pop()
+        out_leaves, out_spec, out_idx = box["out"]
+        out_leaves = list(out_leaves)
+        for i, y in zip(out_idx, ys):
+            out_leaves[i] = y
+        return pytree.tree_unflatten(out_leaves, out_spec)
 
     def _discover(self):
         """The sites the forward calls, in the order it first reaches them, and the default ones."""
@@ -291,16 +434,16 @@ class ModelAdapter:
 
         self._recording = record
         try:
-            with torch.no_grad():
-                self._run_plain()
+            self._run_plain()  # with autograd on, as the step runs (a forward may take gradients itself)
         except UsageError:
             raise
         except Exception as e:
-            raise UsageError(f"the model fails without checkpointing: {type(e).__name__}: {_first_line(e)}") from e
+            raise UsageError(_failure("the model fails without checkpointing", e)) from e
         finally:
             self._recording = None
         if self.checkpoint == "model":
-            return called, self._own_sites(called)
+            own = self._own_sites(called)
+            return called + [u for u in own if u not in called], own
         return called, self._block_sites(called)
 
     def _run_plain(self):
@@ -328,16 +471,21 @@ class ModelAdapter:
         return [p for p in called if "." not in p]  # the root's children
 
     def _own_sites(self, called):
-        """--checkpoint model: the sites the model's own checkpoint recomputes (called again during
-        backward), outermost only."""
+        """--checkpoint model: the units the model's own checkpoint takes. Seen through the
+        checkpoint tap, they are the callables the model hands to the checkpoint; where the model
+        reaches a checkpoint the tap does not see, the modules called again during backward,
+        outermost only."""
         recomputed = []
 
         def record(path):
             if torch._C._current_graph_task_id() != -1 and path not in recomputed:
                 recomputed.append(path)
 
+        self._units_seen = []
         self._enable()
+        _tap_stored_checkpoints(self.module)
         self._recording = record
+        _ACTIVE.append(self)
         try:
             with torch.utils.checkpoint.set_checkpoint_early_stop(False):
                 out = self._run_plain()
@@ -347,10 +495,19 @@ class ModelAdapter:
                 if ts:
                     torch.autograd.backward([t.sum() for t in ts])
         except Exception as e:
-            raise UsageError(f"the model fails with its own checkpointing on: {type(e).__name__}: {_first_line(e)}") from e
+            raise UsageError(_failure("the model fails with its own checkpointing on", e)) from e
         finally:
+            _ACTIVE.remove(self)
             self._recording = None
             self._disable()
+        if self._units_seen:
+            self._tap_units = True
+            order = {p: i for i, p in enumerate(called)}
+            units = sorted(self._units_seen, key=lambda p: order.get(p, len(order)))
+            nested = [u for u in units if any(u.startswith(v + ".") for v in units if v != u)]
+            units = [u for u in units if u not in nested]
+            self._unit_paths = set(units)
+            return units
         outer = [p for p in called if p in recomputed and not any(p.startswith(q + ".") for q in recomputed)]
         if not outer:
             raise UsageError("--checkpoint model: the model's own switch checkpointed nothing (no module ran "
@@ -391,7 +548,9 @@ class ModelAdapter:
 
     # -- steps ----------------------------------------------------------------------------------
     def make_inputs(self, seed):
-        return [self._in_leaves[i].detach().clone() for i in self._in_idx]
+        """The inputs as the model gets them: copies that require grad where the factory's did."""
+        return [self._in_leaves[i].detach().clone().requires_grad_(self._in_leaves[i].requires_grad)
+                for i in self._in_idx]
 
     def forward(self, tensors, call_site, checkpointing):
         leaves = list(self._in_leaves)
@@ -401,6 +560,9 @@ class ModelAdapter:
         own = self.checkpoint == "model"
         if own:
             (self._enable if checkpointing else self._disable)()
+            self._switch_on = checkpointing
+            _tap_stored_checkpoints(self.module)
+            _ACTIVE.append(self)
         # Kept after the forward: the backward's recomputes call the modules again.
         self._call_site = call_site
         try:
@@ -411,6 +573,9 @@ class ModelAdapter:
         except BaseException:
             self._call_site = None
             raise
+        finally:
+            if own:
+                _ACTIVE.remove(self)
         ts = []
         _float_tensors(out, ts, set())
         if not ts:

@@ -65,6 +65,100 @@ TEST(GradientsCheck, RoundingWithADifferentLossFails) {
   EXPECT_FALSE(has_cause(r, Cause::kAccumulationOrder)) << r;
 }
 
+// A gradient whose true value is zero (BART's attention key bias) keeps the rounding noise of the
+// terms it was summed from: judged on the step's gradient scale, not on its own near-zero maximum.
+TEST(GradientsCheck, RoundingOfAGradientWhoseTrueValueIsZeroWarns) {
+  Records rec(8 * 1.2e-7);
+  auto zero = torch::zeros({4}, torch::kFloat);
+  zero[1] = 3e-15;
+  auto noisy = zero.clone();
+  noisy[1] = -2e-14;
+  rec.records.reference.tensors.push_back({"bias", "param-grad", 1, zero});
+  rec.records.checkpointed.tensors.push_back({"bias", "param-grad", 1, noisy});
+  const auto r = rec.run();
+  EXPECT_EQ(r.status, Status::kWarn) << r;
+  EXPECT_TRUE(has_cause(r, Cause::kAccumulationOrder)) << r;
+}
+
+TEST(GradientsCheck, AZeroGradientThatMovesBeyondRoundingOfTheStepFails) {
+  Records rec(8 * 1.2e-7);
+  auto zero = torch::zeros({4}, torch::kFloat);
+  auto moved = zero.clone();
+  moved[1] = 1e-3;  // far beyond 1024 epsilons of the step's largest gradient (1)
+  rec.records.reference.tensors.push_back({"bias", "param-grad", 1, zero});
+  rec.records.checkpointed.tensors.push_back({"bias", "param-grad", 1, moved});
+  const auto r = rec.run();
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  EXPECT_FALSE(has_cause(r, Cause::kAccumulationOrder)) << r;
+}
+
+// An output that carried a graph in the plain step and none with checkpointing, while a
+// checkpointed forward ran without autograd: what was kept from inside it has no gradient.
+TEST(GradientsCheck, AnOutputThatLostItsGraphInANoGradForwardIsReentrantNoGrad) {
+  Records rec(1e-2);
+  rec.records.reference.tensors.push_back({"output[1]", "output", 1, torch::ones({2}), true});
+  rec.records.checkpointed.tensors.push_back({"output[1]", "output", 1, torch::ones({2}), false});
+  rec.records.checkpointed.calls.front().forward_no_grad = true;
+  const auto r = rec.run();
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  ASSERT_TRUE(has_cause(r, Cause::kReentrantNoGrad)) << r;
+  EXPECT_EQ(r.findings.front().site, Plan::unit_label(rec.plan.units.front())) << r;
+}
+
+TEST(GradientsCheck, AnOutputWithItsGraphKeptIsNotReentrantNoGrad) {
+  Records rec(1e-2);
+  rec.records.reference.tensors.push_back({"output[1]", "output", 1, torch::ones({2}), true});
+  rec.records.checkpointed.tensors.push_back({"output[1]", "output", 1, torch::ones({2}), true});
+  rec.records.checkpointed.calls.front().forward_no_grad = true;
+  const auto r = rec.run();
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  EXPECT_FALSE(has_cause(r, Cause::kReentrantNoGrad)) << r;
+}
+
+// PyTorch's own errors in the checkpointed step, by their messages (each also triggered for real
+// in tests/eager/test_fidelity.py).
+TEST(GradientsCheck, PytorchErrorsInTheCheckpointedStepNameTheirCause) {
+  struct Row {
+    std::string error;
+    Cause cause;
+  };
+  const std::vector<Row> rows = {
+      {"RuntimeError: one of the variables needed for gradient computation has been modified by an inplace "
+       "operation: [torch.FloatTensor [4, 8]], which is output 0 of AddmmBackward0, is at version 1; expected "
+       "version 0 instead.",
+       Cause::kInPlace},
+      {"RuntimeError: element 0 of tensors does not require grad and does not have a grad_fn", Cause::kMissingGrad},
+      {"CheckpointError: torch.utils.checkpoint: Recomputed values for the following tensors have different metadata "
+       "than during the forward pass.\ntensor at position 2:\nsaved metadata: {'shape': torch.Size([4, 8]), "
+       "'dtype': torch.float32, 'device': device(type='cpu')}\nrecomputed metadata: {'shape': torch.Size([8, 8]), "
+       "'dtype': torch.float32, 'device': device(type='cpu')}",
+       Cause::kStateful},
+      {"CheckpointError: torch.utils.checkpoint: Recomputed values for the following tensors have different metadata "
+       "than during the forward pass.\ntensor at position 2:\nsaved metadata: {'shape': torch.Size([4, 8]), "
+       "'dtype': torch.float32, 'device': device(type='cpu')}\nrecomputed metadata: {'shape': torch.Size([4, 8]), "
+       "'dtype': torch.bfloat16, 'device': device(type='cpu')}",
+       Cause::kAutocast},
+      {"CheckpointError: torch.utils.checkpoint: A different number of tensors was saved during the original forward "
+       "and recomputation.",
+       Cause::kStateful},
+      {"CheckpointError: torch.utils.checkpoint: trying to save more tensors during recomputation than during the "
+       "original forward pass.",
+       Cause::kStateful},
+  };
+  for (const auto& row : rows) {
+    Records rec(0.0);
+    rec.records.checkpointed.error = row.error;
+    const auto r = rec.run();
+    EXPECT_EQ(r.status, Status::kFail) << row.error << r;
+    EXPECT_TRUE(has_cause(r, row.cause)) << row.error << r;
+  }
+  // Negative control: a message PyTorch's table does not know stays an error, with its text.
+  Records rec(0.0);
+  rec.records.checkpointed.error = "RuntimeError: something else went wrong";
+  const auto r = rec.run();
+  EXPECT_EQ(r.status, Status::kError) << r;
+}
+
 TEST(GradientsCheck, EqualGradientsPass) {
   const auto r = Records(0.0).run();
   EXPECT_EQ(r.status, Status::kPass) << r;

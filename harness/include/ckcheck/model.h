@@ -67,10 +67,12 @@ constexpr const char* kTensorAttribute = "attribute";  // a tensor kept as a pla
 constexpr const char* kScalarAttribute = "scalar";     // a number, flag or string attribute
 constexpr const char* kMode = "mode";                  // a module's training flag
 constexpr const char* kExtra = "extra";                // other state a C++ model declares
+constexpr const char* kParameter = "parameter";        // a parameter's value, where the step changed it in place
 }  // namespace state_kind
 /// True for the record kinds above (state compared after the step by the buffers check).
 bool is_state_kind(const std::string& kind);
-/// "buffer", "tensor attribute", "scalar attribute", "training flag", "state": for messages.
+/// "buffer", "tensor attribute", "scalar attribute", "training flag", "parameter", "state": for
+/// messages.
 std::string state_kind_words(const std::string& kind);
 /// The name a report shows for a state tensor: extra state without its leading '@'.
 std::string state_display_name(const std::string& name);

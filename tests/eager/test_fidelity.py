@@ -1,0 +1,209 @@
+"""The program checked is the program trained: inputs as given, the checkpoint users train with by
+default, the model's own units, and PyTorch's own errors as causes. Where a test says what PyTorch
+does, it runs PyTorch alone (no ckcheck code) to show it; every detection has its negative control.
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.utils.checkpoint as tc
+
+from conftest import ROOT, fixture
+
+has_transformers = importlib.util.find_spec("transformers") is not None
+needs_transformers = pytest.mark.skipif(not has_transformers, reason="transformers is not installed")
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"ckcheck_fixture_{name}", fixture(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def findings(check, cause=None):
+    return [f for f in check["findings"] if cause is None or f["cause"] == cause]
+
+
+def sites_of(check, cause):
+    return {f["site"] for f in findings(check, cause)}
+
+
+# ---- the checkpoint under test is the user's by default ---------------------------------------
+def test_a_plain_module_is_checked_under_torchs_non_reentrant_checkpoint_by_default(ckcheck):
+    r = ckcheck("run", "--model", fixture("fidelity.py:frozen_first_layer"))
+    assert r.code == 0, r.out + r.err
+    assert r.report["config"]["checkpoint"] == "torch"
+    assert "no checkpointing switch" in r.report["config"]["checkpoint_reason"]
+    assert "checkpoint under test: torch" in r.out
+
+
+def test_a_model_with_its_own_switch_is_checked_with_it_by_default(ckcheck):
+    r = ckcheck("run", "--model", fixture("fidelity.py:layer_forward_jitter"))
+    assert r.code == 0, r.out + r.err
+    assert r.report["config"]["checkpoint"] == "model"
+    assert "gradient_checkpointing_enable()" in r.report["config"]["checkpoint_reason"]
+
+
+@needs_transformers
+def test_a_hugging_face_model_is_checked_with_its_own_switch_by_default(ckcheck):
+    r = ckcheck("run", "--model", fixture("tiny_gpt2.py:make_model"))
+    assert r.code == 0, r.out + r.err
+    assert r.report["config"]["checkpoint"] == "model"
+    assert r.report["model"]["units"] == ["transformer.h.0", "transformer.h.1"]
+
+
+def test_cpp_models_keep_ckchecks_own_checkpoint_by_default(ckcheck):
+    r = ckcheck("run", "--model", "mlp")
+    assert r.code == 0, r.out + r.err
+    assert r.report["config"]["checkpoint"] == "ckcheck"
+
+
+# ---- inputs as given -------------------------------------------------------------------------
+def test_pytorch_alone_the_reentrant_checkpoint_gives_blocks_behind_a_frozen_layer_no_gradient():
+    m = _load("fidelity")
+    torch.manual_seed(0)
+    net, x = m.frozen_first_layer()
+    calls = [b.forward for b in net.blocks]
+    for b, f in zip(net.blocks, calls):
+        b.forward = lambda h, f=f: tc.checkpoint(f, h, use_reentrant=True)
+    with pytest.warns(UserWarning):
+        net(x).sum().backward()
+    assert all(b.lin.weight.grad is None for b in net.blocks)
+    # ... which a caller that made x require grad would never see:
+    net.zero_grad(set_to_none=True)
+    net(x.clone().requires_grad_()).sum().backward()
+    assert all(b.lin.weight.grad is not None for b in net.blocks)
+
+
+@pytest.mark.parametrize("mode,expect", [("torch-reentrant", 1), ("torch", 0)])
+def test_a_frozen_first_layer_under_the_reentrant_checkpoint_is_missing_grad(ckcheck, mode, expect):
+    r = ckcheck("run", "--model", fixture("fidelity.py:frozen_first_layer"), "--checkpoint", mode)
+    assert r.code == expect, r.out + r.err
+    assert r.report["model"]["inputs"][0]["requires_grad"] is False
+    if expect:
+        assert sites_of(r.check("gradients"), "missing-grad") == {"blocks.0", "blocks.1"}, r.out
+    else:
+        assert r.check("gradients")["status"] == "pass"
+
+
+def test_input_requires_grad_on_request_compares_input_gradients(ckcheck):
+    r = ckcheck("run", "--model", fixture("fidelity.py:frozen_first_layer"), "--checkpoint", "torch-reentrant",
+                "--input-requires-grad")
+    assert r.code == 0, r.out + r.err  # the input's graph reaches every block: what the user asked to check
+    assert r.report["model"]["inputs"][0]["requires_grad"] is True
+    assert r.report["config"]["input_requires_grad"] is True
+    assert any(t["kind"] == "input-grad" for t in r.report["tensors"])
+
+
+def test_a_model_that_sets_its_inputs_requires_grad_itself_runs_and_passes(ckcheck):
+    r = ckcheck("run", "--model", fixture("fidelity.py:sets_its_input_grad"))
+    assert r.code == 0, r.out + r.err
+    # negative control: an input that already requires grad breaks the model (PyTorch alone)
+    m = _load("fidelity")
+    net, x = m.sets_its_input_grad()
+    with pytest.raises(RuntimeError, match="leaf"):
+        net(x.requires_grad_())
+
+
+def test_a_cpp_fixtures_report_says_whether_inputs_require_grad(ckcheck):
+    plain = ckcheck("run", "--model", "mlp")
+    asked = ckcheck("run", "--model", "mlp", "--input-requires-grad")
+    assert plain.code == 0 and asked.code == 0, plain.err + asked.err
+    assert [i["requires_grad"] for i in plain.report["model"]["inputs"]] == [False]
+    assert [i["requires_grad"] for i in asked.report["model"]["inputs"]] == [True]
+    assert not any(t["kind"] == "input-grad" for t in plain.report["tensors"])
+    assert any(t["kind"] == "input-grad" for t in asked.report["tensors"])
+
+
+# ---- the model's own units -------------------------------------------------------------------
+def test_a_layer_that_checkpoints_its_own_forward_is_the_unit_and_jitter_inside_is_no_mutation(ckcheck):
+    r = ckcheck("run", "--model", fixture("fidelity.py:layer_forward_jitter"), "--checkpoint", "model")
+    assert r.code == 0, r.out + r.err
+    assert r.report["model"]["units"] == ["layers.0", "layers.1"]
+    assert r.check("input-mutation")["status"] == "pass"
+
+
+def test_a_checkpoint_over_a_closure_of_two_modules_has_their_parent_as_unit(ckcheck):
+    r = ckcheck("run", "--model", fixture("fidelity.py:closure_over_two_modules"), "--checkpoint", "model")
+    assert r.code == 0, r.out + r.err
+    assert r.report["model"]["units"] == ["pairs.0", "pairs.1"]
+    # negative control: the same closure without RNG replay fails at that unit
+    bad = ckcheck("run", "--model", fixture("fidelity.py:closure_without_rng_replay"), "--checkpoint", "model")
+    assert bad.code == 1, bad.out + bad.err
+    assert sites_of(bad.check("rng"), "rng") == {"pairs.0", "pairs.1"}, bad.out
+
+
+@needs_transformers
+def test_gpt2_with_its_layers_named_as_sites_passes(ckcheck):
+    r = ckcheck("run", "--model", fixture("tiny_gpt2.py:make_model"), "--checkpoint", "model",
+                "--sites", "transformer.h.*")
+    assert r.code == 0, r.out + r.err
+    assert r.report["model"]["units"] == ["transformer.h.0", "transformer.h.1"]
+
+
+@needs_transformers
+def test_mixtral_with_router_jitter_under_its_own_switch_passes(ckcheck):
+    r = ckcheck("run", "--model", fixture("tiny_moe.py:mixtral_with_jitter"), "--checkpoint", "model")
+    assert r.code == 0, r.out + r.err
+    assert r.report["model"]["units"] == ["model.layers.0", "model.layers.1"]
+    assert r.check("input-mutation")["status"] == "pass"
+
+
+# ---- PyTorch's errors mapped to causes (each row of the README's table, triggered for real) ----
+ERROR_ROWS = [
+    # (factory, --checkpoint, PyTorch's message, cause, site)
+    ("changes_a_block_input", "torch-reentrant", "modified by an inplace operation", "in-place", "blocks.0"),
+    ("penalty_in_forward", "torch-reentrant", "does not require grad and does not have a grad_fn", "missing-grad",
+     "blocks.0"),
+    ("growing_cache", "torch", "different metadata than during the forward pass", "stateful", "blocks.1"),
+    ("toggling_path", "torch", "trying to save more tensors during recomputation", "stateful", "blocks.1"),
+    ("toggling_path_fewer", "torch", "A different number of tensors was saved", "stateful", "blocks.1"),
+]
+
+
+@pytest.mark.parametrize("factory,mode,message,cause,site", ERROR_ROWS, ids=[r[0] for r in ERROR_ROWS])
+def test_pytorch_error_in_the_checkpointed_step_is_its_cause(ckcheck, factory, mode, message, cause, site):
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", mode)
+    assert r.code == 1, r.out + r.err
+    grads = r.check("gradients")
+    assert grads["status"] == "fail", grads
+    (f,) = grads["findings"]
+    assert message in f["message"] and f["cause"] == cause and f["site"] == site, f
+
+
+@pytest.mark.parametrize("factory,mode", [("changes_a_block_input", "torch"), ("penalty_in_forward", "torch")])
+def test_the_same_models_under_the_non_reentrant_checkpoint_raise_nothing(ckcheck, factory, mode):
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", mode)
+    assert r.check("gradients")["status"] != "error", r.out + r.err
+    assert "error" not in {c["status"] for c in r.report["checks"]}, r.out
+
+
+@pytest.mark.parametrize("factory", ["growing_cache", "toggling_path", "toggling_path_fewer"])
+def test_state_that_changes_per_call_is_fine_without_checkpoints(ckcheck, factory):
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", "torch", "--policy", "none")
+    assert r.code == 0, r.out + r.err
+
+
+@pytest.mark.parametrize("mode,expect", [("torch-reentrant", 1), ("torch", 0)])
+def test_features_captured_inside_a_reentrant_checkpoint_are_reentrant_no_grad(ckcheck, mode, expect):
+    r = ckcheck("run", "--model", fixture("fidelity.py:captures_features"), "--checkpoint", mode)
+    assert r.code == expect, r.out + r.err
+    if expect:
+        assert "reentrant-no-grad" in {f["cause"] for f in r.check("gradients")["findings"]}, r.out
+
+
+# ---- one-line errors -------------------------------------------------------------------------
+def test_an_error_line_has_no_traceback_and_no_path_the_user_did_not_give(ckcheck, tmp_path):
+    model = tmp_path / "broken.py"
+    model.write_text("import torch\n\ndef make_model():\n    return torch.nn.Linear(2, 2), torch.randn(3, 5)\n")
+    r = ckcheck("run", "--model", f"{model}:make_model")
+    assert r.code == 2
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckcheck: error: "), r.err
+    assert "Traceback" not in r.err and "At:" not in r.err
+    assert "site-packages" not in r.err and ROOT not in r.err.replace(str(model), "")
+    verbose = ckcheck("run", "--model", f"{model}:make_model", "--verbose")
+    assert verbose.code == 2 and len(verbose.err.strip().splitlines()) > 1, verbose.err

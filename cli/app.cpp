@@ -6,7 +6,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <set>
 
 #include "cli/bench.h"
 #include "cli/diagnose.h"
@@ -20,16 +23,56 @@
 namespace ckcheck::cli {
 namespace {
 
-// The first line of an error, without c10's "Exception raised from" trailer.
-std::string first_line(std::string s) {
-  const auto cut = s.find("\nException raised from");
-  if (cut != std::string::npos) s = s.substr(0, cut);
+bool& verbose() {
+  static bool on = false;
+  return on;
+}
+
+// An absolute path in an error that the user did not give (a library's file, a temporary folder):
+// its last component, so the line names what the user knows.
+std::string user_paths_only(const std::string& s) {
+  std::set<std::string> given;
+  std::error_code ec;
+  for (const auto& a : command_line()) {
+    given.insert(a);
+    const auto abs = std::filesystem::weakly_canonical(a, ec);
+    if (!ec) given.insert(abs.string());
+  }
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const bool starts = s[i] == '/' && (i == 0 || std::string(" '\"([:=").find(s[i - 1]) != std::string::npos);
+    if (!starts) {
+      out += s[i++];
+      continue;
+    }
+    size_t end = i;
+    while (end < s.size() && std::string(" '\"),:\n").find(s[end]) == std::string::npos) ++end;
+    const auto path = s.substr(i, end - i);
+    const auto slash = path.find_last_of('/');
+    bool keep = given.count(path) || path.find('/', 1) == std::string::npos;
+    for (const auto& g : given) keep = keep || g.find(path) != std::string::npos;
+    out += keep || slash == std::string::npos ? path : path.substr(slash + 1);
+    i = end;
+  }
+  return out;
+}
+
+// The error as one line: without c10's "Exception raised from" trailer or a Python traceback
+// ("At:" from pybind11, "Traceback (most recent call last)"), and without paths the user did not
+// give. --verbose keeps all of it.
+std::string one_line(std::string s) {
+  if (verbose()) return s;
+  for (const char* trailer : {"\nException raised from", "\n\nAt:\n", "\nAt:\n", "\nTraceback (most recent call last)"}) {
+    const auto cut = s.find(trailer);
+    if (cut != std::string::npos) s = s.substr(0, cut);
+  }
   std::replace(s.begin(), s.end(), '\n', ' ');
-  return s;
+  return user_paths_only(s);
 }
 
 int fail_usage(const std::string& message) {
-  std::cerr << "ckcheck: error: " << first_line(message) << "\n";
+  std::cerr << "ckcheck: error: " << one_line(message) << "\n";
   return 2;
 }
 
@@ -45,9 +88,20 @@ std::string flag_for_field(const std::string& field) {
   return "--" + words;  // a built-in model's option, --report
 }
 
-int run_cli(const std::vector<std::string>& args) {
+int run_cli(const std::vector<std::string>& given) {
+  // --verbose anywhere: errors keep their whole text (a Python traceback, c10's trailer).
+  std::vector<std::string> args;
+  for (const auto& a : given) {
+    if (a == "--verbose") {
+      verbose() = true;
+      setenv("CKCHECK_VERBOSE", "1", 1);  // the Python side adds tracebacks to its errors
+    } else {
+      args.push_back(a);
+    }
+  }
   CLI::App app{"ckcheck: tells whether gradient checkpointing is correct and worth it for a model, "
-               "before the GPU time is spent.\nRun `ckcheck COMMAND --help` for a command's options."};
+               "before the GPU time is spent.\nRun `ckcheck COMMAND --help` for a command's options; "
+               "--verbose (anywhere) keeps an error's whole text, a Python traceback included."};
   app.name("ckcheck");
   app.set_version_flag("--version", version_text());
   app.require_subcommand(1, 1);

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "harness/analyses/bench.h"
+#include "cli/supervise.h"
 #include "harness/support/errors.h"
 #include "harness/support/text.h"
 
@@ -98,7 +99,8 @@ int run_bench_command(const BenchCliOptions& o) {
     std::cerr.flush();
   };
 
-  auto model = build_model(o.model);
+  CheckpointChoice checkpoint;
+  auto model = build_model(o.model, 1, &checkpoint);
   RunConfig config = run_config(o.model);
   Runner runner(*model, config);
   const auto result = run_bench(runner, split_list(o.model.sites), options);
@@ -108,6 +110,8 @@ int run_bench_command(const BenchCliOptions& o) {
   report.model.name = model->name();
   report.model.options = model->options();
   report.model.sites = model->sites();
+  report.model.checkpoint = checkpoint.name;
+  report.model.checkpoint_reason = checkpoint.reason;
   report.verdict = Verdict::kPass;
   std::string first_error;
   bool any_measured = false;
@@ -121,12 +125,12 @@ int run_bench_command(const BenchCliOptions& o) {
   report.bench = result;
   // The rows' values, and what the run made of the others.
   report.config = config_options(o, bench_option_table());
-  report.config.update({{"seed", o.model.seed}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
+  report.config.update({{"seed", o.model.seed}, {"checkpoint", checkpoint.name}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
                         {"threads", torch::get_num_threads()}});
   const auto cmd = "ckcheck bench " + model_command_line(o.model, /*with_policy=*/false) + reproduce_options(o, bench_option_table());
   report.reproduce = cmd;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  write_reports(report, targets, std::cout, use_color());
+  commit_reports(report, targets);
   return 0;
 }
 

@@ -17,7 +17,9 @@
 
 #include "fixtures/registry.h"
 #include "harness/model/torchscript_model.h"
+#include "cli/supervise.h"
 #include "harness/support/errors.h"
+#include "harness/support/phase.h"
 #include "harness/support/text.h"
 
 namespace ckcheck::cli {
@@ -105,14 +107,21 @@ const OptionTable<ModelArgs>& model_option_table() {
     const auto inputs = file_input_rows();
     t.insert(t.end(), inputs.begin(), inputs.end());
     t.push_back(OptionRow<ModelArgs>("--checkpoint",
-                                     "the checkpoint under test: ckcheck (ckcheck's own, every model), and for Python "
-                                     "models torch (torch.utils.checkpoint, use_reentrant=False), torch-reentrant "
-                                     "(use_reentrant=True) or model (the model's own switch, as "
-                                     "gradient_checkpointing_enable()); the reference is always the model without "
-                                     "checkpoints",
+                                     "the checkpoint under test: auto (default: for a Python model its own switch when "
+                                     "it has one -- gradient_checkpointing_enable(), timm's set_grad_checkpointing() or "
+                                     "the factory's enable/disable --, else torch; ckcheck for the others), ckcheck "
+                                     "(ckcheck's own, every model), and for Python models torch (torch.utils.checkpoint, "
+                                     "use_reentrant=False), torch-reentrant (use_reentrant=True) or model (the model's "
+                                     "own switch); the reference is always the model without checkpoints",
                                      &ModelArgs::checkpoint)
-                    .check(CLI::IsMember({"ckcheck", "torch", "torch-reentrant", "model"}))
+                    .check(CLI::IsMember({"auto", "ckcheck", "torch", "torch-reentrant", "model"}))
                     .config("checkpoint"));
+    t.push_back(OptionRow<ModelArgs>("--input-requires-grad",
+                                     "make every floating-point input require grad and compare input gradients "
+                                     "(default: inputs as the model gives them -- a training batch does not require "
+                                     "grad, and a reentrant checkpoint behaves differently when one does)",
+                                     &ModelArgs::input_requires_grad)
+                    .config("input_requires_grad"));
     t.push_back(OptionRow<ModelArgs>("--sites",
                                      "where checkpoints may go: globs over module paths, comma-separated or repeated "
                                      "(default: the model's own blocks); '*' matches dots too, as in '*.attn'",
@@ -221,7 +230,10 @@ PythonModelLoader& python_loader() {
 
 void set_python_model_loader(PythonModelLoader loader) { python_loader() = std::move(loader); }
 
-std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size) {
+std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, CheckpointChoice* chosen) {
+  set_phase("loading the model (its factory or file)");
+  CheckpointChoice ignored;
+  CheckpointChoice& choice = chosen ? *chosen : ignored;
   const auto given = args.given_options();
   if (is_python_model(args.model)) {
     if (!given.empty()) {
@@ -234,9 +246,10 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size) {
                                    "ckcheck Python package installed", args.model));
     }
     if (world_size > 1) throw UsageError("--world-size applies to built-in and TorchScript models, not to Python models");
-    return python_loader()(args);
+    return python_loader()(args, choice);
   }
-  if (args.checkpoint != "ckcheck") {
+  choice = {"ckcheck", args.checkpoint == "auto" ? "the default for C++ and TorchScript models" : "asked for"};
+  if (args.checkpoint != "ckcheck" && args.checkpoint != "auto") {
     throw UsageError(fmt::format("--checkpoint {} applies to Python models (--model FILE.py:make_model); "
                                  "ckcheck checks its own checkpoint on {}", args.checkpoint, args.model));
   }
@@ -269,14 +282,21 @@ RunConfig run_config(const ModelArgs& args) {
   c.steps = args.steps;
   c.device = parse_device(args.device);
   c.amp = parse_amp(args.amp);
+  c.input_requires_grad = args.input_requires_grad;
   if (c.amp == Amp::kFp16 && !c.device.is_cuda()) {
     throw UsageError("--amp fp16 is CUDA's autocast; on the CPU use --amp bf16");
   }
   return c;
 }
 
-ModelInfo model_info(const Model& model, const Plan& plan) {
+ModelInfo model_info(Model& model, const Plan& plan, const CheckpointChoice& checkpoint, const RunConfig& config) {
   ModelInfo info;
+  info.checkpoint = checkpoint.name;
+  info.checkpoint_reason = checkpoint.reason;
+  for (const auto& x : model.make_inputs(config.seed)) {
+    const bool grad = x.requires_grad() || (config.input_requires_grad && x.is_floating_point());
+    info.inputs.push_back({x.sizes().vec(), std::string(c10::toString(x.scalar_type())), grad});
+  }
   info.name = model.name();
   info.options = model.options();
   info.sites = model.sites();
@@ -338,8 +358,18 @@ std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports
     if (id) taken[*id] = "--report " + r;
     by_path[t.path] = r;
   }
-  // The console summary always comes unless another report already goes to standard output.
+  // Standard output takes one report; the console summary comes unless another report goes there,
+  // and while one does, what the model prints goes to standard error.
+  std::vector<std::string> on_stdout;
+  for (const auto& t : out) {
+    if (t.sink == ReportTarget::Sink::kStdout) on_stdout.push_back(t.given);
+  }
+  if (on_stdout.size() > 1) {
+    throw UsageError(fmt::format("--report {} and --report {} both go to standard output, which takes one report; "
+                                 "send the others to files", on_stdout[0], on_stdout[1]));
+  }
   if (!to_stdout) out.insert(out.begin(), ReportTarget{"console", "", ReportTarget::Sink::kStdout, "console"});
+  if (to_stdout) hold_stdout_for_report();
   return out;
 }
 

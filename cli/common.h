@@ -35,8 +35,11 @@ struct ModelArgs {
   std::string input_range;
   std::string input_file;
   std::string mode = "as-saved";
-  /// The checkpoint under test: ckcheck, torch, torch-reentrant or model (Python models).
-  std::string checkpoint = "ckcheck";
+  /// The checkpoint under test: auto (the model's own switch, else torch, for Python models;
+  /// ckcheck for the others), ckcheck, torch, torch-reentrant or model (Python models).
+  std::string checkpoint = "auto";
+  /// Every floating-point input requires grad (default: as the model gives them).
+  bool input_requires_grad = false;
 
   // Filled by add_model_args: the per-model options (--layers, --hidden, ...).
   std::map<std::string, std::string> raw_options;
@@ -56,10 +59,16 @@ const OptionTable<ModelArgs>& model_option_table();
 /// count their own.
 void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true, bool with_steps = true);
 
-/// Builds the model the arguments name (a built-in fixture or a TorchScript file); throws
-/// UsageError on a bad name, option or file.
-/// `world_size` is the number of ranks of a data-parallel run.
-std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size = 1);
+/// The checkpoint a run tests, and why that one (--checkpoint auto resolves by the model).
+struct CheckpointChoice {
+  std::string name;    // ckcheck, torch, torch-reentrant or model
+  std::string reason;  // one sentence
+};
+
+/// Builds the model the arguments name (a built-in fixture, a TorchScript file or a Python
+/// factory); throws UsageError on a bad name, option or file. `world_size` is the number of ranks
+/// of a data-parallel run; `chosen` (when given) receives the checkpoint under test.
+std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size = 1, CheckpointChoice* chosen = nullptr);
 
 /// True when --model names a Python factory: FILE.py[:CALLABLE] or package.module:CALLABLE.
 bool is_python_model(const std::string& model);
@@ -67,7 +76,7 @@ bool is_python_model(const std::string& model);
 /// Builds a Python model; set by the Python extension (ckcheck._core), which runs the CLI
 /// in-process. Without it a Python model is refused (the ckcheck binary hands such runs to
 /// `python -m ckcheck` before parsing).
-using PythonModelLoader = std::function<std::unique_ptr<Model>(const ModelArgs&)>;
+using PythonModelLoader = std::function<std::unique_ptr<Model>(const ModelArgs&, CheckpointChoice&)>;
 void set_python_model_loader(PythonModelLoader loader);
 
 /// The device the arguments name; throws UsageError when it is not available here.
@@ -76,8 +85,9 @@ torch::Device parse_device(const std::string& text);
 /// RunConfig from the arguments (flags that switch protections off are set by the caller).
 RunConfig run_config(const ModelArgs& args);
 
-/// The model part of a report.
-ModelInfo model_info(const Model& model, const Plan& plan);
+/// The model part of a report: its sites and plan, the checkpoint under test and its inputs (made
+/// from `config`'s seed, requiring grad as the run's steps see them).
+ModelInfo model_info(Model& model, const Plan& plan, const CheckpointChoice& checkpoint, const RunConfig& config);
 
 /// "--model transformer --layers 4 ... --seed 0": the model arguments as a command line.
 std::string model_command_line(const ModelArgs& args, bool with_policy = true);

@@ -7,6 +7,7 @@
 
 #include "harness/analyses/diagnose.h"
 #include "harness/analyses/session.h"
+#include "cli/supervise.h"
 #include "harness/support/errors.h"
 
 namespace ckcheck::cli {
@@ -31,7 +32,8 @@ int run_diagnose(const RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   const auto tolerance = Tolerance::parse(o.tolerance);
-  auto model = build_model(o.model);
+  CheckpointChoice checkpoint;
+  auto model = build_model(o.model, 1, &checkpoint);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   const auto config = run_config(o);
   Runner runner(*model, config);
@@ -44,16 +46,16 @@ int run_diagnose(const RunOptions& o) {
 
   Report report;
   report.command = "diagnose";
-  report.model = model_info(*model, plan);
+  report.model = model_info(*model, plan, checkpoint, config);
   report.checks = outcome.results;
   report.tensors = outcome.diffs;
   report.verdict = d.diverges || d.non_finite ? Verdict::kFail : Verdict::kPass;
   report.diagnosis = d;
-  report.config = run_report_config(o, plan, config, tolerance, nullptr, select_checks({}));
+  report.config = run_report_config(o, plan, config, tolerance, nullptr, select_checks({}), checkpoint);
   auto cmd = run_command_line(o);
   report.reproduce = "ckcheck diagnose" + cmd.substr(std::string("ckcheck run").size());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  write_reports(report, targets, std::cout, use_color());
+  commit_reports(report, targets);
   return report.verdict == Verdict::kPass ? 0 : 1;
 }
 

@@ -11,6 +11,7 @@
 
 #include "cli/app.h"
 #include "cli/common.h"
+#include "cli/supervise.h"
 
 namespace {
 
@@ -23,23 +24,17 @@ std::string model_arg(const std::vector<std::string>& args) {
   return "";
 }
 
-// A Python model runs in the Python that has its packages: `python -m ckcheck` runs this same
-// CLI in-process, with the Python model loader of the ckcheck package.
+// A Python model runs in the Python that has its packages, in a child process this one watches
+// (cli/supervise.h): the ckcheck package runs this same CLI there, with its Python model loader.
 int run_in_python(const std::vector<std::string>& args) {
   const char* configured = std::getenv("CKCHECK_PYTHON");
   const std::string python = configured && *configured ? configured : CKCHECK_PYTHON_EXECUTABLE;
   std::string path = CKCHECK_PYTHON_PACKAGE_DIR;
   if (const char* old = std::getenv("PYTHONPATH"); old && *old) path += std::string(":") + old;
   setenv("PYTHONPATH", path.c_str(), 1);
-  std::vector<char*> argv;
-  std::vector<std::string> all = {python, "-m", "ckcheck"};
-  all.insert(all.end(), args.begin(), args.end());
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  execv(python.c_str(), argv.data());
-  std::cerr << "ckcheck: error: cannot start " << python << " for the Python model (" << std::strerror(errno)
-            << "); set CKCHECK_PYTHON to the Python that has torch and the ckcheck package\n";
-  return 2;
+  // The Python side reads its environment once, at start: --verbose must be there before.
+  if (std::find(args.begin(), args.end(), "--verbose") != args.end()) setenv("CKCHECK_VERBOSE", "1", 1);
+  return ckcheck::cli::run_python_child(python, args);
 }
 
 }  // namespace

@@ -15,7 +15,9 @@
 #include "harness/analyses/diagnose.h"
 #include "harness/analyses/session.h"
 #include "harness/runner/data_parallel.h"
+#include "cli/supervise.h"
 #include "harness/support/errors.h"
+#include "harness/support/phase.h"
 
 namespace ckcheck::cli {
 
@@ -81,8 +83,10 @@ const OptionTable<RunOptions>& run_option_table() {
                     &RunOptions::world_size)
                     .check(whole_number(1, 256)));
     t.push_back(Row("--timeout",
-                    "the wall-clock limit of a data-parallel run, in seconds: past it the run stops with an error "
-                    "naming the rank that did not finish",
+                    "the wall-clock limit of the run, in seconds (default: none for one process, 300 for a "
+                    "data-parallel run): past it the run stops with one line naming the phase it was in (the "
+                    "factory, the plain or the checkpointed step, ...) or the rank that did not finish, exit status "
+                    "2, and no report",
                     &RunOptions::timeout)
                     .check(whole_number(1, 86400)));
     t.push_back(Row("--accumulate",
@@ -126,6 +130,7 @@ RunConfig run_config(const RunOptions& o) {
   c.steps = model.steps;
   c.device = model.device;
   c.amp = model.amp;
+  c.input_requires_grad = model.input_requires_grad;
   c.checkpoint.preserve_rng_state = !o.no_preserve_rng;
   c.checkpoint.restore_autocast = !o.no_restore_autocast;
   c.checkpoint.check_input_versions = !o.no_check_inputs;
@@ -174,16 +179,17 @@ int launch(const RunOptions& o, Model& model, const RunConfig& config) {
     throw UsageError(fmt::format("NCCL needs a GPU per rank: this machine has {} for --world-size {}",
                                  torch::cuda::device_count(), o.world_size));
   }
-  return launch_ranks(o.world_size, o.timeout);
+  return launch_ranks(o.world_size, o.timeout ? o.timeout : kRankTimeout);
 }
 
 // This process as one rank: joins the process group; the step's data parallelism goes through it.
 std::unique_ptr<Collective> join(const RankEnvironment& env, const RunOptions& o, RunConfig& config) {
   // A peer that dies closes its sockets: let writes to them fail as errors, not kill this rank.
   signal(SIGPIPE, SIG_IGN);
-  guard_rank(env.rank, env.world_size, o.timeout);
+  guard_rank(env.rank, env.world_size, o.timeout ? o.timeout : kRankTimeout);
   if (config.device.is_cuda()) config.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-  return mark_waits(join_process_group(env.rank, env.world_size, env.master_addr, env.master_port, config.device, o.timeout));
+  return mark_waits(join_process_group(env.rank, env.world_size, env.master_addr, env.master_port, config.device,
+                                        o.timeout ? o.timeout : kRankTimeout));
 }
 
 // What every rank saw, gathered on rank 0 through the store before the checks run.
@@ -218,12 +224,15 @@ void gather_ranks(Collective* collective, RunRecords& records) {
 }  // namespace
 
 nlohmann::json run_report_config(const RunOptions& o, const Plan& plan, const RunConfig& config, const Tolerance& tolerance,
-                           const Collective* collective, const std::vector<std::unique_ptr<Check>>& checks) {
+                           const Collective* collective, const std::vector<std::unique_ptr<Check>>& checks,
+                           const CheckpointChoice& checkpoint) {
   std::vector<std::string> ids;
   for (const auto& c : checks) ids.push_back(c->id());
   nlohmann::json j = config_options(o.model, model_option_table());
   j.update(config_options(o, run_option_table()));
-  j.update({{"policy", plan.policy.text()},
+  j.update({{"checkpoint", checkpoint.name},
+            {"checkpoint_reason", checkpoint.reason},
+            {"policy", plan.policy.text()},
             {"device", config.device.str()},
             {"amp", amp_name(config.amp)},
             {"tolerance", tolerance.text()},
@@ -251,7 +260,10 @@ int run_run(const RunOptions& o) {
   auto checks = select_checks(split_list(o.checks), o.bench);
   // Data-parallel: start the ranks here, or be one of them.
   const auto env = rank_environment();
-  auto model = build_model(o.model, env ? env->world_size : o.world_size);
+  // One process: the deadline here, or in the ckcheck program that watches this one (a Python model).
+  if (o.timeout > 0 && !env && o.world_size == 1 && !supervised()) arm_deadline(o.timeout);
+  CheckpointChoice checkpoint;
+  auto model = build_model(o.model, env ? env->world_size : o.world_size, &checkpoint);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   auto config = run_config(o);
   if (o.config.accumulate > 1 && (o.world_size > 1 || env)) {
@@ -278,17 +290,17 @@ int run_run(const RunOptions& o) {
   if (collective && collective->rank() != 0) return 0;
   Report report;
   report.command = "run";
-  report.model = model_info(*model, plan);
+  report.model = model_info(*model, plan, checkpoint, runner.config());
   report.checks = outcome.results;
   report.tensors = outcome.diffs;
   report.verdict = verdict_of(report.checks);
   report.reproduce = run_command_line(o);
-  report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), checks);
+  report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), checks, checkpoint);
   if (o.diagnose && report.verdict != Verdict::kPass) {
     report.diagnosis = diagnose(runner, plan, tolerance, outcome);
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  write_reports(report, targets, std::cout, use_color());
+  commit_reports(report, targets);
   return report.verdict == Verdict::kPass ? 0 : 1;
 }
 

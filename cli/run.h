@@ -16,6 +16,9 @@ class Collective;
 
 namespace ckcheck::cli {
 
+/// The wall-clock limit of a data-parallel run when --timeout is not given.
+constexpr int kRankTimeout = 300;
+
 struct RunOptions {
   ModelArgs model;
   std::string tolerance = "bitwise";
@@ -32,7 +35,9 @@ struct RunOptions {
   bool diagnose = false;
   bool bench = false;
   int world_size = 1;
-  int timeout = 300;
+  /// Wall-clock limit of the run in seconds; 0 (not given): none for one process, kRankTimeout
+  /// for a data-parallel run.
+  int timeout = 0;
   /// The knobs of the checks this command can run (CheckKnob::name -> value), at their defaults
   /// unless given.
   std::map<std::string, double> knobs;
@@ -58,10 +63,12 @@ void add_run_flags(CLI::App& app, RunOptions& options, const std::vector<std::un
 
 /// The report's config: every option, defaults included: the rows with a config key as given, and
 /// what the others make (the policy's text, the device, the protections, the checks run).
-/// `collective` is null in one process.
+/// `collective` is null in one process; `checkpoint` is the checkpoint under test (config
+/// "checkpoint", with "checkpoint_reason").
 nlohmann::json run_report_config(const RunOptions& options, const Plan& plan, const RunConfig& config,
                                  const Tolerance& tolerance, const Collective* collective,
-                                 const std::vector<std::unique_ptr<Check>>& checks);
+                                 const std::vector<std::unique_ptr<Check>>& checks,
+                                 const CheckpointChoice& checkpoint);
 
 /// RunConfig with the protection flags applied.
 RunConfig run_config(const RunOptions& options);

@@ -8,6 +8,7 @@
 
 #include "cli/common.h"
 #include "harness/analyses/validate_op.h"
+#include "cli/supervise.h"
 #include "harness/support/errors.h"
 
 namespace ckcheck::cli {
@@ -81,7 +82,7 @@ int run_validate_op(const ValidateOpOptions& o) {
   const auto cmd = "ckcheck validate-op" + reproduce_options(o, validate_op_option_table());
   report.reproduce = cmd;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  write_reports(report, targets, std::cout, use_color());
+  commit_reports(report, targets);
   return v.safe ? 0 : 1;
 }
 

@@ -11,11 +11,53 @@
 namespace ckcheck {
 namespace {
 
+// Text from the model on a terminal: no control characters (an escape sequence in a module name
+// or an error message could rewrite the screen); ckcheck's own colours are added after.
+std::string clean(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+    } else if (c == '\n' || c == '\t') {
+      out += c == '\n' ? '\n' : ' ';
+    }
+  }
+  return out;
+}
+
+void clean_all(std::vector<std::string>& v) {
+  for (auto& s : v) s = clean(s);
+}
+
+// The report with every text the model can put in it cleaned.
+Report printable(const Report& given) {
+  Report r = given;
+  r.model.name = clean(r.model.name);
+  r.model.policy = clean(r.model.policy);
+  r.model.checkpoint_reason = clean(r.model.checkpoint_reason);
+  clean_all(r.model.units);
+  clean_all(r.model.eval_modules);
+  for (auto& c : r.checks) {
+    c.summary = clean(c.summary);
+    for (auto& f : c.findings) {
+      f.site = clean(f.site);
+      f.tensor = clean(f.tensor);
+      f.message = clean(f.message);
+      f.hint = clean(f.hint);
+    }
+  }
+  for (auto& d : r.tensors) d.name = clean(d.name);
+  r.reproduce = clean(r.reproduce);
+  return r;
+}
+
 class ConsoleReporter : public Reporter {
  public:
   explicit ConsoleReporter(bool color) : color_(color) {}
 
-  void write(const Report& r, std::ostream& out) override {
+  void write(const Report& given, std::ostream& out) override {
+    const Report r = printable(given);
     out << header(r) << "\n";
     size_t width = 15;  // the ids line up, the longest one included
     for (const auto& c : r.checks) width = std::max(width, c.id.size());
@@ -32,13 +74,13 @@ class ConsoleReporter : public Reporter {
     }
     if (!r.tensors.empty()) worst_tensors(r, out);
     if (r.validation) {
-      for (const auto& line : validation_lines(*r.validation)) out << line << "\n";
+      for (const auto& line : validation_lines(*r.validation)) out << clean(line) << "\n";
     }
     if (r.diagnosis) {
-      for (const auto& line : diagnosis_lines(*r.diagnosis)) out << line << "\n";
+      for (const auto& line : diagnosis_lines(*r.diagnosis)) out << clean(line) << "\n";
     }
     if (r.bench) {
-      for (const auto& line : bench_lines(*r.bench)) out << line << "\n";
+      for (const auto& line : bench_lines(*r.bench)) out << clean(line) << "\n";
     }
     out << "verdict: " << verdict(r) << "\n";
     if (!r.reproduce.empty()) out << "reproduce: " << r.reproduce << "\n";
@@ -75,6 +117,9 @@ class ConsoleReporter : public Reporter {
     }
     if (r.config.contains("tolerance")) h += ", tolerance " + r.config["tolerance"].get<std::string>();
     if (r.config.contains("amp") && r.config["amp"] != "off") h += ", amp " + r.config["amp"].get<std::string>();
+    if (!r.model.checkpoint.empty() && r.model.checkpoint != "ckcheck") {
+      h += fmt::format("\ncheckpoint under test: {} ({})", r.model.checkpoint, r.model.checkpoint_reason);
+    }
     if (!r.model.eval_modules.empty()) {
       h += fmt::format("\nin eval mode (as built or exported; for a TorchScript file --mode train changes that): {}", fmt::join(r.model.eval_modules, " "));
     }

@@ -10,16 +10,44 @@
 namespace ckcheck {
 namespace {
 
+// Text from the model (names, messages) in a Markdown table or list: no cell break, no HTML (a
+// Markdown page renders HTML: '<img onerror=...>' in a module name must stay text), no control
+// characters.
 std::string md_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '|': out += "\\|"; break;
+      case '\n': out += " "; break;
+      case '<': out += "&lt;"; break;  // no tag can open ('>' alone is text)
+      case '&': out += "&amp;"; break;
+      default:
+        if (static_cast<unsigned char>(c) >= 0x20 && c != 0x7f) out += c;
+    }
+  }
+  return out;
+}
+
+// ... and inside a code span, where HTML is text already: no backtick to end the span early.
+std::string md_code(const std::string& s) {
   std::string out;
   for (char c : s) {
     if (c == '|') {
       out += "\\|";
-    } else if (c == '\n') {
-      out += " ";
-    } else {
+    } else if (c == '`') {
+      out += "'";
+    } else if (static_cast<unsigned char>(c) >= 0x20 && c != 0x7f) {
       out += c;
     }
+  }
+  return out;
+}
+
+// A code block: no line that closes it early, no control characters.
+std::string md_block(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) >= 0x20 || c == '\n') out += c == '`' ? '\'' : c;
   }
   return out;
 }
@@ -31,11 +59,11 @@ class MarkdownReporter : public Reporter {
     out << "| policy | checkpointed | peak above baseline | x none | analytic | step time median [min..max] | x none | note |\n";
     out << "|---|---|---|---|---|---|---|---|\n";
     for (const auto& row : bench_rows(b)) {
-      out << fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} |\n", row.policy, row.units, row.peak,
-                         row.peak_ratio, row.analytic, row.time, row.time_ratio, row.note);
+      out << fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} |\n", md_code(row.policy), md_escape(row.units),
+                         row.peak, row.peak_ratio, row.analytic, row.time, row.time_ratio, md_escape(row.note));
     }
     out << "\n**Recommendation:** " << recommendation_text(b, "`", "`") << ".\n\n";
-    for (const auto& w : b.warnings) out << "- warning: " << w << "\n";
+    for (const auto& w : b.warnings) out << "- warning: " << md_escape(w) << "\n";
     if (!b.warnings.empty()) out << "\n";
   }
 
@@ -54,7 +82,7 @@ class MarkdownReporter : public Reporter {
         for (const auto& c : r.checks) {
           for (const auto& f : c.findings) {
             out << fmt::format("- **{}** {}{}`{}`: {}  \n  *fix:* {}\n", c.id,
-                               f.site.empty() ? std::string() : fmt::format("`{}` ", f.site),
+                               f.site.empty() ? std::string() : fmt::format("`{}` ", md_code(f.site)),
                                f.tensor.empty() ? std::string() : fmt::format("({}) ", md_escape(f.tensor)),
                                cause_name(f.cause), md_escape(f.message), md_escape(f.hint));
           }
@@ -76,7 +104,7 @@ class MarkdownReporter : public Reporter {
       out << "| tensor | kind | step | max abs | max rel | max ulp | mismatched |\n|---|---|---|---|---|---|---|\n";
       for (size_t i = 0; i < bad.size() && i < 10; ++i) {
         const auto& d = *bad[i];
-        out << fmt::format("| `{}` | {} | {} | {} | {} | {} | {} |\n", d.name, d.kind, d.step,
+        out << fmt::format("| `{}` | {} | {} | {} | {} | {} | {} |\n", md_code(d.name), d.kind, d.step,
                            format_number(d.max_abs), format_number(d.max_rel), d.max_ulp,
                            d.missing != "none" ? "missing: " + d.missing : fmt::format("{}/{}", d.mismatched, d.numel));
       }
@@ -89,11 +117,12 @@ class MarkdownReporter : public Reporter {
  public:
   void write(const Report& r, std::ostream& out) override {
     const char* mark = r.verdict == Verdict::kPass ? "PASS" : r.verdict == Verdict::kFail ? "FAIL" : "ERROR";
-    out << fmt::format("## ckcheck {}: {} — `{}`\n\n", r.command, mark, r.model.name);
+    out << fmt::format("## ckcheck {}: {} — `{}`\n\n", r.command, mark, md_code(r.model.name));
     if (!r.model.policy.empty()) {
-      out << fmt::format("Policy `{}`, checkpointed: {}", r.model.policy,
-                         r.model.units.empty() ? std::string("nothing")
-                                               : fmt::format("`{}`", fmt::join(r.model.units, "`, `")));
+      std::vector<std::string> units;
+      for (const auto& u : r.model.units) units.push_back(md_code(u));
+      out << fmt::format("Policy `{}`, checkpointed: {}", md_code(r.model.policy),
+                         units.empty() ? std::string("nothing") : fmt::format("`{}`", fmt::join(units, "`, `")));
       if (r.config.contains("tolerance")) out << fmt::format(", tolerance `{}`", r.config["tolerance"].get<std::string>());
       out << ".\n\n";
     }
@@ -101,16 +130,16 @@ class MarkdownReporter : public Reporter {
     tensors_table(r, out);
     if (r.validation) {
       out << "### Custom op\n\n";
-      for (const auto& line : validation_lines(*r.validation)) out << "- " << line << "\n";
+      for (const auto& line : validation_lines(*r.validation)) out << "- " << md_escape(line) << "\n";
       out << "\n";
     }
     if (r.diagnosis) {
       out << "### Diagnosis\n\n```\n";
-      for (const auto& line : diagnosis_lines(*r.diagnosis)) out << line << "\n";
+      for (const auto& line : diagnosis_lines(*r.diagnosis)) out << md_block(line) << "\n";
       out << "```\n\n";
     }
     if (r.bench) bench(*r.bench, out);
-    if (!r.reproduce.empty()) out << fmt::format("Reproduce:\n\n```sh\n{}\n```\n", r.reproduce);
+    if (!r.reproduce.empty()) out << fmt::format("Reproduce:\n\n```sh\n{}\n```\n", md_block(r.reproduce));
   }
 };
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,8 +86,12 @@ ReportTarget parse_report_target(const std::string& text) {
   if (path.empty() || path.back() == '/') {
     throw FieldError("report", fmt::format("@report {}: give a file path after '=' ('-' for standard output)", text));
   }
-  struct stat link_st, st;
+  struct stat link_st, st, out_st;
   if (lstat(path.c_str(), &link_st) != 0) return new_file_target(t, text, path);
+  if (stat(path.c_str(), &st) == 0 && fstat(STDOUT_FILENO, &out_st) == 0 && st.st_dev == out_st.st_dev &&
+      st.st_ino == out_st.st_ino) {
+    return t;  // /dev/stdout, /dev/fd/1, or the file standard output goes to: standard output
+  }
   if (stat(path.c_str(), &st) != 0) {
     throw FieldError("report", fmt::format("@report {}: '{}' is a symlink to a missing file ({}); remove it or choose another path",
                                            text, path, std::strerror(errno)));
@@ -138,6 +143,46 @@ void write_text(const std::string& path, const std::string& text, std::ios::open
   }
 }
 
+// A device or pipe, opened without blocking: a pipe with no reader is an error, not a hang.
+int open_stream(const ReportTarget& t) {
+  const int fd = ::open(t.path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    throw FieldError("report", fmt::format("@report {}: cannot open '{}' ({}){}", t.given, t.path, std::strerror(errno),
+                                           errno == ENXIO ? ": a pipe with no reader" : ""));
+  }
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+void write_stream(int fd, const std::string& text, const ReportTarget& t) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw FieldError("report", fmt::format("@report {}: could not write '{}' ({})", t.given, t.path, std::strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+// A file target as it stands now: still a file (or absent) in a folder ckcheck can write to; the
+// mode and owner of the file it replaces go to the new one.
+void ready_to_replace(const ReportTarget& t, const std::string& tmp) {
+  struct stat st;
+  if (lstat(t.path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) {
+      throw FieldError("report", fmt::format("@report {}: '{}' is no longer a regular file; no report file was changed",
+                                             t.given, t.path));
+    }
+    chmod(tmp.c_str(), st.st_mode & 07777);
+    [[maybe_unused]] const int owned = chown(tmp.c_str(), st.st_uid, st.st_gid);  // as root; else it stays ours
+  } else if (access(folder_of(t.path).c_str(), W_OK) != 0) {
+    throw FieldError("report", fmt::format("@report {}: cannot write into '{}' any more ({}); no report file was changed",
+                                           t.given, folder_of(t.path), std::strerror(errno)));
+  }
+}
+
 }  // namespace
 
 void write_reports(const Report& report, const std::vector<ReportTarget>& targets,
@@ -154,27 +199,33 @@ void write_reports(const Report& report, const std::vector<ReportTarget>& target
     reporter->write(report, s);
     texts.push_back(s.str());
   }
-  // Files to temporary files and devices through: on any failure, no file was replaced.
+  // All or none: every file to a temporary file beside it, every target checked again as it stands
+  // now and every device or pipe opened, before anything is replaced or written through.
   std::vector<std::pair<std::string, std::string>> renames;
+  std::vector<std::pair<int, size_t>> streams;
   try {
     for (size_t i = 0; i < targets.size(); ++i) {
       const auto& t = targets[i];
       if (t.sink == ReportTarget::Sink::kFile) {
         renames.push_back({temporary_beside(t.path, i), t.path});
         write_text(renames.back().first, texts[i], std::ios::trunc, t);
+        ready_to_replace(t, renames.back().first);
       } else if (t.sink == ReportTarget::Sink::kStream) {
-        write_text(t.path, texts[i], std::ios::out, t);
+        streams.push_back({open_stream(t), i});
       }
     }
+    for (const auto& [fd, i] : streams) write_stream(fd, texts[i], targets[i]);
     for (const auto& [tmp, path] : renames) {
       if (std::rename(tmp.c_str(), path.c_str()) != 0) {
         throw UsageError(fmt::format("could not write report file '{}': {}", path, std::strerror(errno)));
       }
     }
   } catch (...) {
+    for (const auto& [fd, i] : streams) close(fd);
     for (const auto& [tmp, path] : renames) std::remove(tmp.c_str());
     throw;
   }
+  for (const auto& [fd, i] : streams) close(fd);
   for (size_t i = 0; i < targets.size(); ++i) {
     if (targets[i].sink != ReportTarget::Sink::kStdout) continue;
     stdout_stream << texts[i];

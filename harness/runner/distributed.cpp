@@ -3,7 +3,14 @@
 #include <fmt/format.h>
 #include <torch/cuda.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
 
 #include "harness/runner/data_parallel.h"
 #include "harness/support/errors.h"
@@ -51,6 +58,35 @@ class C10dCollective : public Collective {
   std::function<void()> barrier_;
 };
 
+// The store's listening socket, bound to the address the ranks meet on -- 127.0.0.1 for ranks on
+// this machine, the address torchrun names otherwise -- never to every interface (c10d's own
+// TCPStore server binds all of them). Throws when the address is not one of this machine's.
+int listen_on(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const auto service = std::to_string(port);
+  if (getaddrinfo(host.c_str(), service.c_str(), &hints, &found) != 0 || !found) {
+    throw std::runtime_error(fmt::format("cannot resolve the store's address {}", host));
+  }
+  std::string why;
+  for (auto* a = found; a; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+      freeaddrinfo(found);
+      return fd;
+    }
+    why = std::strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  throw std::runtime_error(fmt::format("cannot listen on {}:{} ({})", host, port, why));
+}
+
 }  // namespace
 #endif
 
@@ -72,6 +108,7 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
     opts.numWorkers = static_cast<std::size_t>(world_size);
     opts.waitWorkers = true;
     opts.timeout = timeout;
+    if (opts.isServer) opts.masterListenFd = listen_on(master_addr == "localhost" ? "127.0.0.1" : master_addr, master_port);
     store = c10::make_intrusive<c10d::TCPStore>(master_addr, opts);
     store->setTimeout(op_timeout);
   } catch (const std::exception& e) {

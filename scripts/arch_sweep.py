@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""A sweep over real architectures with its own truth.
+
+For every model class of the installed transformers whose model supports gradient checkpointing
+(built from a tiny random config; skipped with the reason when it cannot be built offline) and
+every timm family with set_grad_checkpointing (at its smallest config), one training step is run in
+PyTorch alone -- plainly, with the model's own switch, and with torch.utils.checkpoint (non-
+reentrant and reentrant) around its layers -- and the loss, every gradient and all state are
+compared with the plain step's. That is the truth; no ckcheck code computes it. Then ckcheck checks
+the same model with --checkpoint model, torch and torch-reentrant, and the two are set side by side.
+
+    .venv/bin/python scripts/arch_sweep.py                      # the whole sweep, table on stdout
+    .venv/bin/python scripts/arch_sweep.py --subset ci --check  # the CI subset; exit 1 on a disagreement
+    .venv/bin/python scripts/arch_sweep.py --one hf:gpt2        # one case, as JSON
+
+Each case runs in its own process (a crash or a hang is that case's error, under --timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import copy
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The CI subset: text, vision, audio, MoE, encoder-decoder, and timm families.
+CI_SUBSET = ["hf:gpt2", "hf:llama", "hf:bert", "hf:bart", "hf:t5", "hf:mixtral", "hf:vit", "hf:wav2vec2",
+             "hf:qwen2_moe", "hf:mistral", "timm:vit_tiny_patch16_224", "timm:resnet18"]
+
+MODES = ["model", "torch", "torch-reentrant"]
+
+# Config fields a tiny config sets, where the config has them.
+TINY = {
+    **dict.fromkeys(["num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+                     "num_decoder_layers", "num_encoder_layers"], 2),
+    **dict.fromkeys(["hidden_size", "d_model", "n_embd", "embed_dim", "dim"], 32),
+    **dict.fromkeys(["num_attention_heads", "n_head", "n_heads", "encoder_attention_heads",
+                     "decoder_attention_heads", "num_key_value_heads"], 2),
+    **dict.fromkeys(["intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
+                     "moe_intermediate_size", "shared_expert_intermediate_size"], 64),
+    "head_dim": 16, "d_kv": 16, "vocab_size": 99, "max_position_embeddings": 64, "n_positions": 64,
+    "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "image_size": 32, "patch_size": 8,
+    "num_mel_bins": 16, "conv_dim": (16, 16), "conv_stride": (5, 2), "conv_kernel": (10, 3),
+    "num_conv_pos_embeddings": 16, "num_conv_pos_embedding_groups": 2, "layer_types": None,
+}
+PRIORITY = ["MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+            "MODEL_FOR_MASKED_LM_MAPPING_NAMES", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+            "MODEL_FOR_CTC_MAPPING_NAMES", "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+
+
+def hf_cases():
+    from transformers.models.auto import modeling_auto as ma
+
+    seen, out = set(), []
+    for mapping in PRIORITY:
+        for model_type in getattr(ma, mapping):
+            if model_type not in seen:
+                seen.add(model_type)
+                out.append(f"hf:{model_type}")
+    return out
+
+
+def timm_cases():
+    import timm
+
+    out, families = [], set()
+    for name in sorted(timm.list_models(pretrained=False)):
+        family = name.split("_")[0].rstrip("0123456789")
+        if family in families:
+            continue
+        families.add(family)
+        out.append(f"timm:{name}")
+    return out
+
+
+def build(case):
+    """(model, kwargs inputs, description) for a case, with random weights."""
+    import torch
+
+    kind, name = case.split(":", 1)
+    torch.manual_seed(0)
+    if kind == "timm":
+        import timm
+
+        model = timm.create_model(name, pretrained=False, num_classes=10)
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise Skip("no set_grad_checkpointing")
+        cfg = getattr(model, "pretrained_cfg", {}) or {}
+        size = cfg.get("input_size", (3, 224, 224))
+        model.train()
+        return model, {"x": torch.randn(2, *size)}, f"timm {name}"
+    from transformers import AutoConfig
+    from transformers.models.auto import modeling_auto as ma
+
+    cls_name = next((getattr(ma, m)[name] for m in PRIORITY if name in getattr(ma, m)), None)
+    if cls_name is None:
+        raise Skip("no task head in the sweep's list")
+    import transformers
+
+    cls = getattr(transformers, cls_name if isinstance(cls_name, str) else cls_name[0], None)
+    if cls is None:
+        raise Skip(f"{cls_name} is not importable")
+    if not getattr(cls, "supports_gradient_checkpointing", False):
+        raise Skip("does not support gradient checkpointing")
+    config = AutoConfig.for_model(name)
+    for key, value in TINY.items():
+        if hasattr(config, key) and value is not None and not isinstance(getattr(config, key), (dict, list)):
+            setattr(config, key, value)
+    for sub in ("text_config", "vision_config", "encoder", "decoder"):
+        part = getattr(config, sub, None)
+        if part is not None and hasattr(part, "__dict__"):
+            for key, value in TINY.items():
+                if hasattr(part, key) and value is not None and not isinstance(getattr(part, key), (dict, list)):
+                    setattr(part, key, value)
+    for key in ("use_cache",):
+        if hasattr(config, key):
+            setattr(config, key, False)
+    model = cls(config)
+    model.train()
+    return model, inputs_for(model, config), f"transformers {cls.__name__}"
+
+
+def inputs_for(model, config):
+    import torch
+
+    main = getattr(model, "main_input_name", "input_ids")
+    vocab = getattr(config, "vocab_size", None) or 99
+    g = torch.Generator().manual_seed(1)
+    if main == "input_ids":
+        ids = torch.randint(0, min(vocab, 99), (2, 12), generator=g)
+        inputs = {"input_ids": ids}
+        if model.config.is_encoder_decoder:
+            inputs["decoder_input_ids"] = ids[:, :8]
+        return inputs
+    if main == "pixel_values":
+        size = getattr(config, "image_size", 32)
+        size = size if isinstance(size, int) else size[0]
+        return {"pixel_values": torch.randn(2, getattr(config, "num_channels", 3), size, size, generator=g)}
+    if main == "input_values":
+        return {"input_values": torch.randn(2, 1600, generator=g)}
+    if main == "input_features":
+        return {"input_features": torch.randn(2, getattr(config, "num_mel_bins", 16), 64, generator=g)}
+    raise Skip(f"main input {main} is not in the sweep's list")
+
+
+class Skip(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The truth: PyTorch alone
+
+
+def blocks_of(model):
+    """The layers: the children of the largest ModuleList whose children share a class."""
+    import torch
+
+    best = []
+    for _, m in model.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and len(m) >= 2 and len({type(c) for c in m}) == 1:
+            if len(m) > len(best):
+                best = list(m)
+    return best
+
+
+def float_tensors(obj, out):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if obj.is_floating_point():
+            out.append(obj)
+    elif isinstance(obj, dict) or hasattr(obj, "items"):
+        for v in obj.values():
+            float_tensors(v, out)
+    elif isinstance(obj, (tuple, list)):
+        for v in obj:
+            float_tensors(v, out)
+
+
+def state_of(model):
+    import torch
+
+    out = {f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()}
+    for path, m in model.named_modules():
+        for key, value in vars(m).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and not key.startswith("_"):
+                out[f"attr {path}.{key}"] = value.detach().clone()
+            elif isinstance(value, (int, float, bool)) and not key.startswith("_") and key != "training":
+                out[f"attr {path}.{key}"] = value
+    return out
+
+
+def one_step(pristine, inputs, mode):
+    """Loss, gradients and state after one step of a copy of the model under `mode`."""
+    import torch
+    import torch.utils.checkpoint as tc
+
+    model = copy.deepcopy(pristine)
+    if mode == "switch":
+        if hasattr(model, "set_grad_checkpointing"):
+            on, off = (lambda: model.set_grad_checkpointing(True)), (lambda: model.set_grad_checkpointing(False))
+        elif hasattr(model, "activation_checkpointing_enable"):
+            on, off = model.activation_checkpointing_enable, model.activation_checkpointing_disable
+        else:
+            on, off = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
+        on()
+    elif mode in ("torch", "torch-reentrant"):
+        blocks = blocks_of(model)
+        if not blocks:
+            raise Skip("no layer list to checkpoint")
+        for b in blocks:
+            f = b.forward
+            if mode == "torch":
+                b.forward = lambda *a, f=f, **k: tc.checkpoint(f, *a, use_reentrant=False, **k)
+            else:
+                b.forward = lambda *a, f=f, **k: tc.checkpoint(functools.partial(f, **k), *a, use_reentrant=True)
+    torch.manual_seed(2)
+    out = model(**inputs)
+    ts = []
+    float_tensors(out, ts)
+    g = torch.Generator().manual_seed(3)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in ts if t.requires_grad)
+    loss.backward()
+    if mode == "switch":
+        off()  # the switch's own flags are not the step's state
+    grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
+    return {"loss": loss.detach(), "grads": grads, "state": state_of(model)}
+
+
+def compare(plain, other):
+    """equal, rounding (every gradient within 1e-5 of the step's largest one, loss equal), or what
+    differs."""
+    import torch
+
+    if not torch.equal(plain["loss"], other["loss"]):
+        return "differs: loss"
+    scale = max((g.abs().max().item() for g in plain["grads"].values() if g is not None and g.numel()), default=0.0)
+    worst, first = 0.0, None
+    for n, g in plain["grads"].items():
+        h = other["grads"].get(n)
+        if (g is None) != (h is None):
+            return f"differs: gradient of {n} on one side only"
+        if g is None or torch.equal(g, h):
+            continue
+        d = (g.double() - h.double()).abs().max().item()
+        if d > worst:
+            worst, first = d, n
+    for n, v in plain["state"].items():
+        w = other["state"].get(n)
+        same = torch.equal(v, w) if isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor) else v == w
+        if not same:
+            return f"differs: state {n}"
+    if first is None:
+        return "equal"
+    if worst <= 1e-5 * scale:
+        return "rounding"
+    return f"differs: gradient of {first} by {worst:.3g}"
+
+
+def truth(model, inputs):
+    plain = one_step(model, inputs, "plain")
+    out = {}
+    for mode, step_mode in (("model", "switch"), ("torch", "torch"), ("torch-reentrant", "torch-reentrant")):
+        try:
+            out[mode] = compare(plain, one_step(model, inputs, step_mode))
+        except Skip as e:
+            out[mode] = f"skip: {e}"
+        except Exception as e:  # what a training script sees
+            out[mode] = f"raises: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ckcheck
+
+
+def ckcheck_verdicts(model, inputs):
+    import ckcheck
+
+    out = {}
+    for mode in MODES:
+        try:
+            r = ckcheck.run(model, dict(inputs), checkpoint=mode)
+            bad = [f"{c['id']} ({', '.join(sorted({f['cause'] for f in c['findings']}))})"
+                   for c in r["checks"] if c["status"] in ("fail", "error")]
+            out[mode] = {"verdict": r["verdict"], "failing": bad}
+        except ckcheck.UsageError as e:
+            out[mode] = {"verdict": "refused", "failing": [str(e)[:160]]}
+    return out
+
+
+def agree(truth_text, verdict):
+    """ckcheck passes exactly where PyTorch's checkpointed step equals the plain one (rounding
+    allowed); a step PyTorch cannot run at all is a failure ckcheck must report."""
+    if truth_text.startswith("skip"):
+        return None
+    correct = truth_text in ("equal", "rounding")
+    return correct == (verdict == "pass")
+
+
+def run_one(case):
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        model, inputs, what = build(case)
+    except Skip as e:
+        return {"case": case, "skip": str(e)}
+    except Exception as e:
+        return {"case": case, "skip": f"cannot be built offline: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"}
+    try:
+        t = truth(model, inputs)
+    except Exception as e:
+        return {"case": case, "what": what, "skip": f"the plain step fails: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"}
+    if all(v.startswith("skip") for v in t.values()):
+        return {"case": case, "what": what, "skip": "nothing to compare"}
+    v = ckcheck_verdicts(model, inputs)
+    return {"case": case, "what": what, "truth": t, "ckcheck": v,
+            "agree": {m: agree(t[m], v[m]["verdict"]) for m in MODES}}
+
+
+def run_case_process(case, timeout):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "build", "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        p = subprocess.run([sys.executable, __file__, "--one", case], capture_output=True, text=True,
+                           timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"case": case, "skip": f"timed out after {timeout} s"}
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stderr.strip().splitlines() or ["?"])[-1][:160]
+        return {"case": case, "error": f"exit {p.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+def table(results):
+    rows = ["| architecture | --checkpoint | truth (PyTorch alone) | ckcheck | failing checks (causes) | agree |",
+            "|---|---|---|---|---|---|"]
+    for r in results:
+        if "skip" in r or "error" in r:
+            continue
+        for m in MODES:
+            a = r["agree"][m]
+            rows.append(f"| {r['what']} | {m} | {r['truth'][m]} | {r['ckcheck'][m]['verdict']} | "
+                        f"{'; '.join(r['ckcheck'][m]['failing']) or '-'} | {'-' if a is None else ('yes' if a else '**no**')} |")
+    skipped = [f"- {r['case']}: {r.get('skip') or r.get('error')}" for r in results if "skip" in r or "error" in r]
+    return "\n".join(rows + ["", f"Skipped ({len(skipped)}):"] + skipped)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--one", help="run one case (hf:TYPE or timm:NAME) and print its JSON")
+    ap.add_argument("--subset", choices=["all", "ci"], default="all")
+    ap.add_argument("--timm", type=int, default=25, help="timm families to try (default 25)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per case")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--check", action="store_true", help="exit 1 when ckcheck and the truth disagree")
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(run_one(a.one)))
+        return 0
+    cases = CI_SUBSET if a.subset == "ci" else hf_cases() + timm_cases()[: a.timm]
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
+        results = list(pool.map(lambda c: run_case_process(c, a.timeout), cases))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    print(table(results))
+    compared = [r for r in results if "agree" in r]
+    disagree = [(r["case"], m) for r in compared for m in MODES if r["agree"][m] is False]
+    print(f"\n{len(cases)} attempted, {len(compared)} compared, {len(disagree)} disagreements "
+          f"({time.time() - t0:.0f} s): {disagree}")
+    return 1 if a.check and disagree else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

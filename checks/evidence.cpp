@@ -39,6 +39,15 @@ bool recompute_differs(const CallEvidence& c) {
   return false;
 }
 
+std::string changed_state_names(const CallEvidence& c) {
+  std::vector<std::string> names;
+  for (const auto& name : c.state_changed) {
+    auto it = c.state_paths.find(name);
+    names.push_back(it == c.state_paths.end() ? name : fmt::format("{} (shared by {} sites)", name, it->second));
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
   std::vector<SiteExplanation> out;
   for (const auto& unit : ctx.plan.units) {
@@ -71,7 +80,7 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
         found = SiteExplanation{site, Cause::kInPlace,
                                 fmt::format("{} was changed after the site's forward and before its recompute, so the "
                                             "recompute read the new value",
-                                            fmt::join(c.state_changed, ", "))};
+                                            changed_state_names(c))};
         continue;
       }
       if (probe && probe->private_generator) {

@@ -27,6 +27,10 @@ std::optional<size_t> first_dtype_difference(const CallEvidence& call);
 bool recompute_differs(const CallEvidence& call);
 
 /// For every checkpointed unit whose evidence shows a hazard, its cause, in plan order.
+/// The state a call saw changed before its recompute, in words: each name, and "(shared by N
+/// sites)" after one the model reaches through several module paths.
+std::string changed_state_names(const CallEvidence& c);
+
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx);
 
 /// When the plain step's outputs that carried a graph lost it with checkpointing while a

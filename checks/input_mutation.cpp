@@ -54,10 +54,11 @@ Finding changed_state(const CallEvidence& c) {
   f.message = fmt::format(
       "{} changed after the site's forward and before its recompute (by the parent or a later site), and "
       "the recompute read the new value",
-      fmt::join(c.state_changed, ", "));
+      changed_state_names(c));
   f.hint = "update that state after the backward, or clone what the site reads; do not checkpoint a site whose "
            "inputs the parent changes before the backward";
   f.details = {{"changed", c.state_changed}, {"when", "between forward and recompute"}};
+  if (!c.state_paths.empty()) f.details["shared_by"] = c.state_paths;
   return f;
 }
 

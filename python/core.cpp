@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,20 @@ class PythonModel : public Model {
     return it != kinds_.end() ? it->second : Model::state_kind_of(name);
   }
 
+  std::vector<std::string> state_aliases(const std::string& name) const override {
+    if (!aliases_) {
+      IntoPython gil;
+      aliases_ = adapter_.attr("state_aliases")().cast<std::map<std::string, std::vector<std::string>>>();
+    }
+    auto it = aliases_->find(name);
+    return it != aliases_->end() ? it->second : std::vector<std::string>{};
+  }
+
+  std::string output_structure() const override {
+    IntoPython gil;
+    return adapter_.attr("last_structure").cast<std::string>();
+  }
+
   std::vector<std::string> eval_modules() const override {
     IntoPython gil;
     return adapter_.attr("eval_modules")().cast<std::vector<std::string>>();
@@ -259,6 +274,7 @@ class PythonModel : public Model {
   std::string name_;
   std::vector<std::string> sites_, default_sites_;
   std::map<std::string, std::string> kinds_;
+  mutable std::optional<std::map<std::string, std::vector<std::string>>> aliases_;  // read once
   torch::Device device_ = torch::kCPU;
   std::map<int64_t, py::object> snapshots_;
   int64_t next_snapshot_ = 1;

@@ -126,9 +126,18 @@ class EvidenceObserver : public CheckpointObserver {
     const auto sites = sites_of_unit(c.site);
     for (const auto& [name, mark] : state_at_forward_[c.id]) {
       const auto plain = state_display_name(name);
-      const bool inside = std::any_of(sites.begin(), sites.end(), [&](const std::string& s) { return site_within(plain, s); });
+      // A shared module's state is listed under its first path; the unit may reach it by another.
+      const auto aliases = model_->state_aliases(name);
+      auto reached = [&](const std::string& s) {
+        return site_within(plain, s) || std::any_of(aliases.begin(), aliases.end(), [&](const std::string& a) {
+                 return site_within(state_display_name(a), s);
+               });
+      };
       auto it = now.find(name);
-      if (inside && (it == now.end() || it->second != mark)) e.state_changed.push_back(plain);
+      if (std::any_of(sites.begin(), sites.end(), reached) && (it == now.end() || it->second != mark)) {
+        e.state_changed.push_back(plain);
+        if (!aliases.empty()) e.state_paths[plain] = aliases.size() + 1;
+      }
     }
     state_at_forward_.erase(c.id);
     const auto& prints = entry_prints_[c.id];
@@ -635,6 +644,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
         // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
         const auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, part);
         record_outputs(record, outs, up.loss, step, mb);
+        if (step == 1 && mb == 1) record.output_structure = model_.output_structure();
         if (tp) tp->set_phase(Phase::kBackward);
         {
           ParameterHooks hooks(params, part, options.count_hooks);

@@ -80,6 +80,8 @@ struct CallEvidence {
   /// Model state (parameters, buffers, tensor and scalar attributes) changed after the site's
   /// forward and before its recompute -- by the parent or a later site -- by name.
   std::vector<std::string> state_changed;
+  /// Those of them the model reaches through several module paths (a shared module): how many.
+  std::map<std::string, size_t> state_paths;
   bool rng_consumed = false;          // the default generators moved during the forward
   bool rng_replayed = true;           // the recompute ended in the RNG state the forward ended in
   bool forward_no_grad = false;       // the forward ran without autograd (a reentrant checkpoint)
@@ -118,6 +120,7 @@ struct StepRecord {
   std::vector<HookCount> hooks;  // when counted
   uint64_t rng_start = 0;     // fingerprint of the CPU generator's state as the step began
   std::string error;          // what the step threw, if it threw
+  std::string output_structure;  // what the forward returned, without values ("" when the model cannot say)
   double seconds = 0.0;
 
   const TensorRecord* find(const std::string& name, const std::string& kind, int64_t step) const;

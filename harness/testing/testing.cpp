@@ -74,6 +74,9 @@ class WithInputs : public Model {
   void to(const torch::Device& d) override { inner_.to(d); }
   torch::Device device() const override { return inner_.device(); }
   NamedTensors state_tensors() override { return inner_.state_tensors(); }
+  std::string state_kind_of(const std::string& n) const override { return inner_.state_kind_of(n); }
+  std::vector<std::string> state_aliases(const std::string& n) const override { return inner_.state_aliases(n); }
+  std::string output_structure() const override { return inner_.output_structure(); }
   ModelState snapshot() override { return inner_.snapshot(); }
   void restore(const ModelState& s) override { inner_.restore(s); }
   std::map<std::string, std::string> options() const override { return inner_.options(); }

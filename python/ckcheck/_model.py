@@ -287,6 +287,25 @@ def _float_tensors(obj, out, seen):
             _float_tensors(getattr(obj, f.name), out, seen)
 
 
+def _structure(obj, depth=0):
+    """What an output is made of, without its values: containers, their keys and the kind of each
+    leaf ("CausalLMOutputWithPast{loss: tensor, logits: tensor, past_key_values: DynamicCache}")."""
+    if isinstance(obj, torch.Tensor):
+        return "tensor"
+    if obj is None or isinstance(obj, _SCALARS) or depth > 4:
+        return type(obj).__name__
+    if isinstance(obj, dict):
+        inner = ", ".join(f"{k}: {_structure(v, depth + 1)}" for k, v in obj.items())
+    elif isinstance(obj, (tuple, list)):
+        parts = [_structure(v, depth + 1) for v in obj]
+        inner = f"{len(parts)} x {parts[0]}" if len(parts) > 4 and len(set(parts)) == 1 else ", ".join(parts)
+    elif dataclasses.is_dataclass(obj):
+        inner = ", ".join(f"{f.name}: {_structure(getattr(obj, f.name), depth + 1)}" for f in dataclasses.fields(obj))
+    else:
+        return type(obj).__name__
+    return f"{type(obj).__name__}{{{inner}}}"
+
+
 # ---------------------------------------------------------------------------------------------
 # The model
 
@@ -310,6 +329,7 @@ class ModelAdapter:
         self._tap_units = False  # --checkpoint model: the units are the tapped calls
         self._unit_paths = set()  # ... and their modules
         self._switch_on = False  # the model's own switch is on for the step under way
+        self.last_structure = ""  # what the last forward returned, without its values
         leaves, self._in_spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
         self._in_leaves = leaves
         self._in_idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
@@ -576,6 +596,7 @@ class ModelAdapter:
         finally:
             if own:
                 _ACTIVE.remove(self)
+        self.last_structure = _structure(out)
         ts = []
         _float_tensors(out, ts, set())
         if not ts:
@@ -621,6 +642,31 @@ class ModelAdapter:
             _flatten_attr("@" + full, getattr(m, key), out)
         for path, m in self.module.named_modules():
             out.append(("@" + (f"{path}.training" if path else "training"), torch.tensor(m.training), "mode"))
+        return out
+
+    def state_aliases(self):
+        """{name: [its other paths]} for the parameters, buffers and attributes of a module that the
+        model reaches through several paths (one module every block calls): state_tensors() names
+        each by its first path, and a site that reaches it through another path reads it too."""
+        paths = {}
+        for path, m in self.module.named_modules(remove_duplicate=False):
+            paths.setdefault(id(m), (m, []))[1].append(path)
+        out = {}
+        for m, found in paths.values():
+            if len(found) < 2:
+                continue
+            first, others = found[0], found[1:]
+            own = [n for n, _ in m.named_parameters(recurse=False)] + [n for n, _ in m.named_buffers(recurse=False)]
+            for key in own:
+                out[f"{first}.{key}"] = [f"{o}.{key}" for o in others]
+            for path, owner, key, full in self._attributes():
+                if path != first:
+                    continue
+                flat = []
+                _flatten_attr("@" + full, getattr(owner, key), flat)
+                for name, _, _ in flat:
+                    rest = name[len("@" + full):]
+                    out[name] = ["@" + (f"{o}.{key}" if o else key) + rest for o in others]
         return out
 
     def eval_modules(self):

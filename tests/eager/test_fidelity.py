@@ -195,6 +195,71 @@ def test_features_captured_inside_a_reentrant_checkpoint_are_reentrant_no_grad(c
         assert "reentrant-no-grad" in {f["cause"] for f in r.check("gradients")["findings"]}, r.out
 
 
+# ---- shared modules --------------------------------------------------------------------------
+def _plain_and_checkpointed_grads(model, x):
+    """PyTorch alone: one step plainly and one with every block under torch's non-reentrant
+    checkpoint, each from a copy of the same start."""
+    import copy
+
+    out = []
+    for checkpointed in (False, True):
+        m = copy.deepcopy(model)
+        if checkpointed:
+            for b in m.blocks:
+                b.forward = lambda h, f=b.forward: tc.checkpoint(f, h, use_reentrant=False)
+        m(x).square().sum().backward()
+        out.append({n: p.grad.clone() for n, p in m.named_parameters()})
+    return out
+
+
+@pytest.mark.parametrize("factory,differ", [("shared_module_updated", True), ("shared_module_kept", False)])
+def test_pytorch_alone_a_shared_buffer_moved_after_the_blocks_changes_checkpointed_gradients(factory, differ):
+    model, x = getattr(_load("fidelity"), factory)()
+    plain, checkpointed = _plain_and_checkpointed_grads(model, x)
+    assert any(not torch.equal(plain[n], checkpointed[n]) for n in plain) == differ
+
+
+@pytest.mark.parametrize("factory,expect", [("shared_module_updated", 1), ("shared_module_kept", 0)])
+def test_the_state_of_a_shared_module_is_watched_under_every_path(ckcheck, factory, expect):
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", "torch")
+    assert r.code == expect, r.out + r.err
+    assert r.report["model"]["units"] == ["blocks.0", "blocks.1"]
+    if expect:
+        assert {f["cause"] for f in r.check("gradients")["findings"]} == {"in-place"}, r.out
+        found = findings(r.check("input-mutation"), "in-place")
+        assert {(f["site"], f["tensor"]) for f in found} == {("blocks.0", "offset.shift"), ("blocks.1", "offset.shift")}, r.out
+        assert all("offset.shift (shared by 3 sites)" in f["message"] for f in found), found
+
+
+# ---- output structure ------------------------------------------------------------------------
+@needs_transformers
+def test_pytorch_alone_gpt2_returns_no_cache_while_its_checkpointing_trains():
+    spec = _load("tiny_gpt2").with_cache()
+    model, inputs = spec["model"], spec["inputs"]
+    assert model(**inputs).past_key_values is not None
+    model.gradient_checkpointing_enable()
+    assert model(**inputs).past_key_values is None
+
+
+@needs_transformers
+def test_gpt2_that_drops_its_cache_under_its_checkpointing_warns_output_structure(ckcheck):
+    r = ckcheck("run", "--model", fixture("tiny_gpt2.py:with_cache"))
+    assert r.code == 0, r.out + r.err
+    grads = r.check("gradients")
+    assert grads["status"] == "warn", grads
+    (f,) = findings(grads, "output-structure")
+    assert "DynamicCache" in f["details"]["plain"] and "DynamicCache" not in f["details"]["checkpointed"], f
+
+
+@pytest.mark.parametrize("factory,status", [("drops_cache", "warn"), ("keeps_cache", "pass")])
+def test_an_output_the_checkpoint_drops_is_a_warning_with_its_cause(ckcheck, factory, status):
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"))
+    assert r.code == 0, r.out + r.err
+    grads = r.check("gradients")
+    assert grads["status"] == status, grads
+    assert bool(findings(grads, "output-structure")) == (status == "warn"), grads
+
+
 # ---- one-line errors -------------------------------------------------------------------------
 def test_an_error_line_has_no_traceback_and_no_path_the_user_did_not_give(ckcheck, tmp_path):
     model = tmp_path / "broken.py"

@@ -20,12 +20,15 @@ ckcheck must judge right -- and saves them in OUT_DIR:
   two_inplace.pt      site b takes two tensors and changes both in place: every one is named
   encoder.pt          nn.TransformerEncoder (2 layers, dropout) called with a causal mask and a
                       padding mask: its layers take Optional[Tensor] arguments
+  kind_KIND.pt        one per kind of state (parameter, buffer, attribute, scalar, container, mode):
+                      blocks.1 updates that state once per call without changing what it computes,
+                      so the checkpointed step differs from the plain one in that state alone
 
 Exits 77 (the tests count it as skipped) when torch cannot be imported.
 """
 import os
 import sys
-from typing import Optional
+from typing import List, Optional
 
 try:
     import torch
@@ -203,6 +206,41 @@ class Encoder(nn.Module):
         return self.head(self.encoder(self.embed(ids), mask=causal, src_key_padding_mask=padding))
 
 
+class KindBlock(nn.Module):
+    history: List[int]
+    calls: int
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.fc = nn.Linear(16, 16)
+        self.child = nn.Identity()
+        self.steps = nn.Parameter(torch.zeros(()), requires_grad=False)
+        self.register_buffer("seen", torch.zeros(()))
+        self.total = torch.zeros(())
+        self.calls = 0
+        self.history = []
+
+    def forward(self, x):
+        with torch.no_grad():
+            if self.kind == "parameter":
+                self.steps.add_(1)
+            elif self.kind == "buffer":
+                self.seen.add_(1)
+            elif self.kind == "attribute":
+                self.total = self.total + 1
+            elif self.kind == "scalar":
+                self.calls += 1
+            elif self.kind == "container":
+                self.history.append(len(self.history))
+            elif self.kind == "mode":
+                self.child.training = not self.child.training
+        return x + torch.tanh(self.fc(x))
+
+
+STATE_KINDS = ["parameter", "buffer", "attribute", "scalar", "container", "mode"]
+
+
 def main(out):
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
@@ -216,6 +254,7 @@ def main(out):
         "needs_grad": Stack([Block(16), NeedsGradBlock(16), Block(16)]),
         "two_inplace": TwoInplace(),
         "encoder": Encoder(),
+        **{f"kind_{k}": Stack([KindBlock("none"), KindBlock(k)]) for k in STATE_KINDS},
     }
     for name, model in models.items():
         model.train()

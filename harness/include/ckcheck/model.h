@@ -127,6 +127,15 @@ class Model {
   /// The record kind of a state tensor named by state_tensors() (a state_kind:: value).
   virtual std::string state_kind_of(const std::string& name) const;
 
+  /// The other names of a parameter or state tensor that the model reaches through several module
+  /// paths (one module every block calls): named_parameters() and state_tensors() list it under its
+  /// first path only, and a site reaching it through another path reads it too. Empty for the rest.
+  virtual std::vector<std::string> state_aliases(const std::string& name) const { return {}; }
+
+  /// What the last forward() returned, without its values (containers, their keys, the kind of
+  /// each leaf), where the model can say; "" otherwise.
+  virtual std::string output_structure() const { return ""; }
+
   /// Module paths whose training flag is off (eval mode), for reports.
   virtual std::vector<std::string> eval_modules() const { return {}; }
 

@@ -71,17 +71,33 @@ def hf_cases():
     return out
 
 
+# Size words of timm's model names, smallest first: a family's smallest config is its member whose
+# name has the earliest of them (then the shortest name).
+TIMM_SIZES = ["atto", "femto", "pico", "nano", "tiny", "xxsmall", "xxs", "xsmall", "xs", "mini", "small", "_s_",
+              "b0", "lite", "light", "18", "26", "medium", "base"]
+
+
+def timm_size_rank(name):
+    for i, word in enumerate(TIMM_SIZES):
+        if word in name:
+            return (i, len(name), name)
+    return (len(TIMM_SIZES), len(name), name)
+
+
 def timm_cases():
     import timm
 
-    out, families = [], set()
-    for name in sorted(timm.list_models(pretrained=False)):
-        family = name.split("_")[0].rstrip("0123456789")
-        if family in families:
-            continue
-        families.add(family)
-        out.append(f"timm:{name}")
-    return out
+    families = {}
+    for name in timm.list_models(pretrained=False):
+        families.setdefault(name.split("_")[0].rstrip("0123456789"), []).append(name)
+    return [f"timm:{min(names, key=timm_size_rank)}" for _, names in sorted(families.items())]
+
+
+def spread(cases, n):
+    """n cases taken evenly over the list (which is grouped by kind), so every kind is sampled."""
+    if n <= 0 or n >= len(cases):
+        return list(cases)
+    return [cases[(i * len(cases)) // n] for i in range(n)]
 
 
 def build(case):
@@ -93,6 +109,10 @@ def build(case):
     if kind == "timm":
         import timm
 
+        with torch.device("meta"):
+            size = sum(p.numel() for p in timm.create_model(name, pretrained=False, num_classes=10).parameters())
+        if size > 100e6:
+            raise Skip(f"{size / 1e6:.0f}M parameters: too large for a CPU sweep")
         model = timm.create_model(name, pretrained=False, num_classes=10)
         if not hasattr(model, "set_grad_checkpointing"):
             raise Skip("no set_grad_checkpointing")
@@ -162,15 +182,25 @@ class Skip(Exception):
 # The truth: PyTorch alone
 
 
-def blocks_of(model):
-    """The layers: the children of the largest ModuleList whose children share a class."""
+def blocks_of(model, inputs):
+    """The layers: the children of the largest ModuleList whose children share a class and are
+    called by the forward (a vision or audio tower that text-only inputs never reach does not count).
+    Its paths, found on a copy of the model."""
     import torch
 
+    probe = copy.deepcopy(model)
+    ran = set()
+    hooks = [m.register_forward_hook(lambda m, i, o, path=path: ran.add(path)) for path, m in probe.named_modules()]
+    torch.manual_seed(2)
+    probe(**inputs)
+    for h in hooks:
+        h.remove()
     best = []
-    for _, m in model.named_modules():
+    for path, m in probe.named_modules():
         if isinstance(m, torch.nn.ModuleList) and len(m) >= 2 and len({type(c) for c in m}) == 1:
-            if len(m) > len(best):
-                best = list(m)
+            called = [f"{path}.{i}" for i in range(len(m)) if f"{path}.{i}" in ran]
+            if len(called) == len(m) and len(m) > len(best):
+                best = called
     return best
 
 
@@ -216,9 +246,9 @@ def one_step(pristine, inputs, mode):
             on, off = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
         on()
     elif mode in ("torch", "torch-reentrant"):
-        blocks = blocks_of(model)
+        blocks = [model.get_submodule(path) for path in blocks_of(pristine, inputs)]
         if not blocks:
-            raise Skip("no layer list to checkpoint")
+            raise Skip("no layer list that the forward calls")
         for b in blocks:
             f = b.forward
             if mode == "torch":
@@ -285,13 +315,16 @@ def truth(model, inputs):
 # ckcheck
 
 
-def ckcheck_verdicts(model, inputs):
+def ckcheck_verdicts(model, inputs, blocks):
+    """ckcheck's verdict in each mode: `torch` and `torch-reentrant` on the truth's layers (the same
+    program), `model` with the model's own switch (which decides where checkpoints go)."""
     import ckcheck
 
     out = {}
     for mode in MODES:
         try:
-            r = ckcheck.run(model, dict(inputs), checkpoint=mode)
+            sites = None if mode == "model" else blocks
+            r = ckcheck.run(model, dict(inputs), checkpoint=mode, sites=sites)
             bad = [f"{c['id']} ({', '.join(sorted({f['cause'] for f in c['findings']}))})"
                    for c in r["checks"] if c["status"] in ("fail", "error")]
             out[mode] = {"verdict": r["verdict"], "failing": bad}
@@ -325,7 +358,7 @@ def run_one(case):
         return {"case": case, "what": what, "skip": f"the plain step fails: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"}
     if all(v.startswith("skip") for v in t.values()):
         return {"case": case, "what": what, "skip": "nothing to compare"}
-    v = ckcheck_verdicts(model, inputs)
+    v = ckcheck_verdicts(model, inputs, blocks_of(model, inputs) or None)
     return {"case": case, "what": what, "truth": t, "ckcheck": v,
             "agree": {m: agree(t[m], v[m]["verdict"]) for m in MODES}}
 
@@ -362,27 +395,62 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one", help="run one case (hf:TYPE or timm:NAME) and print its JSON")
     ap.add_argument("--subset", choices=["all", "ci"], default="all")
-    ap.add_argument("--timm", type=int, default=25, help="timm families to try (default 25)")
+    ap.add_argument("--hf", type=int, default=0, help="transformers architectures to try, spread over every kind "
+                    "(default 0: all)")
+    ap.add_argument("--timm", type=int, default=25, help="timm families to try, spread over the list (default 25)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=600, help="seconds per case")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--markdown", help="write the table, with a summary, to this Markdown file")
+    ap.add_argument("--results", help="make the table from an earlier run's --json file instead of running")
     ap.add_argument("--check", action="store_true", help="exit 1 when ckcheck and the truth disagree")
+    ap.add_argument("--list", choices=["all", "ci"], help="print the cases of a subset, one per line, and exit")
     a = ap.parse_args()
-    if a.one:
-        print(json.dumps(run_one(a.one)))
+    if a.list:
+        print("\n".join(CI_SUBSET if a.list == "ci" else spread(hf_cases(), a.hf) + spread(timm_cases(), a.timm)))
         return 0
-    cases = CI_SUBSET if a.subset == "ci" else hf_cases() + timm_cases()[: a.timm]
+    if a.one:
+        result = run_one(a.one)
+        print(json.dumps(result))
+        if not a.check:
+            return 0
+        if "agree" in result:
+            return 1 if False in result["agree"].values() else 0
+        if "ModuleNotFoundError" in str(result.get("skip", "")):
+            return 77  # transformers or timm is not installed here: skipped
+        return 1  # a checked case that compares nothing proves nothing
     t0 = time.time()
-    with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(lambda c: run_case_process(c, a.timeout), cases))
+    if a.results:  # a table from an earlier run's --json
+        with open(a.results) as f:
+            results = json.load(f)
+        cases = [r["case"] for r in results]
+    else:
+        cases = CI_SUBSET if a.subset == "ci" else spread(hf_cases(), a.hf) + spread(timm_cases(), a.timm)
+        with concurrent.futures.ThreadPoolExecutor(a.jobs) as pool:
+            results = list(pool.map(lambda c: run_case_process(c, a.timeout), cases))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
     print(table(results))
     compared = [r for r in results if "agree" in r]
     disagree = [(r["case"], m) for r in compared for m in MODES if r["agree"][m] is False]
-    print(f"\n{len(cases)} attempted, {len(compared)} compared, {len(disagree)} disagreements "
-          f"({time.time() - t0:.0f} s): {disagree}")
+    summary = (f"{len(cases)} attempted ({sum(c.startswith('hf:') for c in cases)} transformers, "
+               f"{sum(c.startswith('timm:') for c in cases)} timm), {len(compared)} compared "
+               f"({sum(1 for r in compared for m in MODES if r['agree'][m] is not None)} verdicts), "
+               f"{len(disagree)} disagreements ({time.time() - t0:.0f} s): {disagree}")
+    print("\n" + summary)
+    if a.markdown:
+        import transformers
+        import timm
+        import torch
+
+        with open(a.markdown, "w") as f:
+            f.write(f"# The architecture sweep\n\nWritten by `scripts/arch_sweep.py --markdown` (torch {torch.__version__}, "
+                    f"transformers {transformers.__version__}, timm {timm.__version__}; command: "
+                    f"`{' '.join(['scripts/arch_sweep.py'] + sys.argv[1:])}`).\n\n{summary}\n\n"
+                    f"Truth: one training step in PyTorch alone, compared bitwise with the plain step (`rounding`: "
+                    f"every gradient within 1e-5 of the step's largest one, the loss equal). ckcheck agrees when it "
+                    f"passes exactly where the truth is `equal` or `rounding`.\n\n{table(results)}\n")
     return 1 if a.check and disagree else 0
 
 

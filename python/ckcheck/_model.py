@@ -20,6 +20,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import random
 import sys
 
 import torch
@@ -678,10 +679,11 @@ class ModelAdapter:
             buffers = {n: b.detach().clone() for n, b in self.module.named_buffers()}
         attrs = {full: (m, key, _copy_value(getattr(m, key))) for path, m, key, full in self._attributes()}
         modes = {path: m.training for path, m in self.module.named_modules()}
-        return params, buffers, attrs, modes
+        return params, buffers, attrs, modes, _host_generators()
 
     def restore(self, snap):
-        params, buffers, attrs, modes = snap
+        params, buffers, attrs, modes, host = snap
+        _set_host_generators(host)
         with torch.no_grad():
             for n, p in self.module.named_parameters():
                 if n in params:
@@ -705,6 +707,21 @@ class ModelAdapter:
 
     def options(self):
         return {}
+
+
+def _host_generators():
+    """The states of Python's and NumPy's global generators: a forward may draw from them (speech
+    models' SpecAugment masks come from NumPy), and every run starts from the same state, as it does
+    from the same torch seed."""
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), (numpy.random.get_state() if numpy is not None else None)
+
+
+def _set_host_generators(states):
+    python_state, numpy_state = states
+    random.setstate(python_state)
+    if numpy_state is not None:
+        sys.modules["numpy"].random.set_state(numpy_state)
 
 
 def _share_a_class(modules):

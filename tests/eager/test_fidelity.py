@@ -260,6 +260,16 @@ def test_an_output_the_checkpoint_drops_is_a_warning_with_its_cause(ckcheck, fac
     assert bool(findings(grads, "output-structure")) == (status == "warn"), grads
 
 
+# ---- Python's and NumPy's generators ------------------------------------------------------------
+@pytest.mark.parametrize("factory,expect", [("numpy_mask_before_blocks", 0), ("numpy_mask_inside_a_block", 1)])
+def test_every_run_starts_from_the_same_numpy_state(ckcheck, factory, expect):
+    # before the blocks: the plain step repeats and the checkpointed one equals it; inside a block
+    # the recompute draws another mask, which no checkpoint replays
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", "torch")
+    assert r.code == expect, r.out + r.err
+    assert r.check("gradients")["status"] == ("fail" if expect else "pass"), r.out
+
+
 # ---- one-line errors -------------------------------------------------------------------------
 def test_an_error_line_has_no_traceback_and_no_path_the_user_did_not_give(ckcheck, tmp_path):
     model = tmp_path / "broken.py"

@@ -258,6 +258,10 @@ def one_step(pristine, inputs, mode):
                 b.forward = lambda *a, f=f, **k: tc.checkpoint(f, *a, use_reentrant=False, **k)
             else:
                 b.forward = lambda *a, f=f, **k: tc.checkpoint(functools.partial(f, **k), *a, use_reentrant=True)
+    fires = {}  # gradient hooks, as data-parallel training registers them: how often each fires
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            p.register_hook(lambda g, n=n: fires.__setitem__(n, fires.get(n, 0) + 1))
     torch.manual_seed(2)
     random.seed(2)
     numpy.random.seed(2)  # speech models draw SpecAugment masks from NumPy
@@ -270,12 +274,12 @@ def one_step(pristine, inputs, mode):
     if mode == "switch":
         off()  # the switch's own flags are not the step's state
     grads = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
-    return {"loss": loss.detach(), "grads": grads, "state": state_of(model)}
+    return {"loss": loss.detach(), "grads": grads, "state": state_of(model), "fires": fires}
 
 
 def compare(plain, other):
     """equal, rounding (every gradient within 1e-5 of the step's largest one, loss equal), or what
-    differs."""
+    differs (loss, a gradient, state, or how often a parameter's gradient hook fires)."""
     import torch
 
     if not torch.equal(plain["loss"], other["loss"]):
@@ -296,6 +300,10 @@ def compare(plain, other):
         same = torch.equal(v, w) if isinstance(v, torch.Tensor) and isinstance(w, torch.Tensor) else v == w
         if not same:
             return f"differs: state {n}"
+    more = sorted(n for n, k in other["fires"].items() if k != plain["fires"].get(n))
+    if more:  # DDP's reducer refuses a gradient hook that fires twice in one backward
+        return (f"differs: the gradient hooks of {len(more)} parameters fire {other['fires'][more[0]]} times "
+                f"({plain['fires'].get(more[0], 0)} without checkpoints)")
     if first is None:
         return "equal"
     if worst <= 1e-5 * scale:

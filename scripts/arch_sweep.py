@@ -233,7 +233,7 @@ def state_of(model):
     return out
 
 
-def one_step(pristine, inputs, mode):
+def one_step(pristine, inputs, mode, layers=()):
     """Loss, gradients and state after one step of a copy of the model under `mode`."""
     import numpy
     import torch
@@ -249,7 +249,7 @@ def one_step(pristine, inputs, mode):
             on, off = model.gradient_checkpointing_enable, model.gradient_checkpointing_disable
         on()
     elif mode in ("torch", "torch-reentrant"):
-        blocks = [model.get_submodule(path) for path in blocks_of(pristine, inputs)]
+        blocks = [model.get_submodule(path) for path in layers]
         if not blocks:
             raise Skip("no layer list that the forward calls")
         for b in blocks:
@@ -311,7 +311,7 @@ def compare(plain, other):
     return f"differs: gradient of {first} by {worst:.3g}"
 
 
-def truth(model, inputs):
+def truth(model, inputs, layers):
     plain = one_step(model, inputs, "plain")
     again = compare(plain, one_step(model, inputs, "plain"))
     if again != "equal":  # then no comparison with it means anything; ckcheck must not pass
@@ -319,7 +319,7 @@ def truth(model, inputs):
     out = {}
     for mode, step_mode in (("model", "switch"), ("torch", "torch"), ("torch-reentrant", "torch-reentrant")):
         try:
-            out[mode] = compare(plain, one_step(model, inputs, step_mode))
+            out[mode] = compare(plain, one_step(model, inputs, step_mode, layers))
         except Skip as e:
             out[mode] = f"skip: {e}"
         except Exception as e:  # what a training script sees
@@ -369,12 +369,13 @@ def run_one(case):
     except Exception as e:
         return {"case": case, "skip": f"cannot be built offline: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"}
     try:
-        t = truth(model, inputs)
+        layers = blocks_of(model, inputs)  # found once: the truth and ckcheck use the same
+        t = truth(model, inputs, layers)
     except Exception as e:
         return {"case": case, "what": what, "skip": f"the plain step fails: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"}
     if all(v.startswith("skip") for v in t.values()):
         return {"case": case, "what": what, "skip": "nothing to compare"}
-    v = ckcheck_verdicts(model, inputs, blocks_of(model, inputs) or None)
+    v = ckcheck_verdicts(model, inputs, layers or None)
     return {"case": case, "what": what, "truth": t, "ckcheck": v,
             "agree": {m: agree(t[m], v[m]["verdict"]) for m in MODES}}
 

@@ -97,6 +97,12 @@ class DeterminismCheck : public Check {
     if (r.findings.empty() && !probe_error.empty()) {
       return skipped(id(), "the probe could not run the checkpointed units again (" + probe_error + ")");
     }
+    if (probed == 0 && !ctx.plan.units.empty()) {
+      // Units the probe cannot call on their own (closures a model hands to its own checkpoint)
+      // are not evidence of determinism.
+      return skipped(id(), fmt::format("the probe could not run any of the {} again on its own",
+                                       count_of(ctx.plan.units.size(), "checkpointed unit")));
+    }
     if (r.findings.empty()) {
       r.summary = probed == 0 ? "nothing is checkpointed"
                               : fmt::format("{} repeat identically", count_of(probed, "checkpointed unit"));

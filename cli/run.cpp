@@ -166,6 +166,45 @@ std::string run_command_line(const RunOptions& o) {
 
 namespace {
 
+// A cause's default fix names what ckcheck's own checkpoint offers (--restore-buffers,
+// is_recomputing(), its handling of inputs without grad). Under PyTorch's checkpoint -- asked for,
+// or the one the model's own switch calls -- the fix is what a torch user can do.
+std::optional<std::string> torch_user_hint(const Cause& cause) {
+  if (cause == Cause::kBufferUpdate) {
+    return std::string(
+        "torch.utils.checkpoint runs the module's forward again, so its running statistics are updated twice: "
+        "keep BatchNorm-style modules outside the checkpointed segments (checkpoint the blocks between them), "
+        "or run them in eval mode while training with frozen statistics");
+  }
+  if (cause == Cause::kStateful) {
+    return std::string(
+        "torch.utils.checkpoint runs the module again in the recompute and has no recompute flag to skip its "
+        "state update: exclude the stateful module from checkpointing, or make its update depend only on the "
+        "step (not on how often it is called)");
+  }
+  if (cause == Cause::kMissingGrad) {
+    return std::string(
+        "use torch.utils.checkpoint with use_reentrant=False, or make the segment's input require grad "
+        "(Hugging Face: model.enable_input_require_grads())");
+  }
+  if (cause == Cause::kRng) {
+    return std::string(
+        "keep RNG state: torch.utils.checkpoint with preserve_rng_state=True (its default), and draw random "
+        "numbers from the default generator, not a torch.Generator of your own");
+  }
+  return std::nullopt;
+}
+
+void speak_of_the_checkpoint(const std::string& checkpoint, std::vector<CheckResult>& results) {
+  if (checkpoint == "ckcheck") return;
+  for (auto& r : results) {
+    for (auto& f : r.findings) {
+      if (f.hint != fix_hint(f.cause)) continue;  // a check's own hint already speaks of the case
+      if (auto hint = torch_user_hint(f.cause)) f.hint = *hint;
+    }
+  }
+}
+
 // Starts the ranks of a data-parallel run from this process, after the checks that need no rank.
 int launch(const RunOptions& o, Model& model, const RunConfig& config) {
   if (o.diagnose || o.bench) throw UsageError("--diagnose and --bench run in one process; drop --world-size for them");
@@ -292,6 +331,7 @@ int run_run(const RunOptions& o) {
   report.command = "run";
   report.model = model_info(*model, plan, checkpoint, runner.config());
   report.checks = outcome.results;
+  speak_of_the_checkpoint(checkpoint.name, report.checks);
   report.tensors = outcome.diffs;
   report.verdict = verdict_of(report.checks);
   report.reproduce = run_command_line(o);

@@ -126,6 +126,7 @@ class PythonModel : public Model {
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs, SiteRunner& runner) override {
     IntoPython gil;
     pending_.clear();
+    tapped_calls_.clear();
     auto call_site = py::cpp_function([&runner](const std::string& site, py::function fn, std::vector<Tensor> xs) {
       // The checkpoint may keep the function until a backward that runs without the GIL.
       std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* p) {
@@ -255,15 +256,34 @@ class PythonModel : public Model {
     return ys;
   }
 
-  // --checkpoint model: the model checkpoints itself; a unit's call in the forward is the forward,
-  // its call during backward (the model's checkpoint recomputing it) is the recompute.
+  // --checkpoint model: the model checkpoints itself. Through the checkpoint tap the adapter says
+  // which checkpoint call runs the unit and whether as its forward or its recompute (a checkpoint
+  // inside a recomputed unit starts a new call). A unit the tap does not see: its call in the
+  // forward is the forward, its call during backward the recompute of its latest call.
   std::vector<Tensor> watch_own(const SiteFn& fn, const std::vector<Tensor>& inputs, const CheckpointOptions& o) {
     auto observer = o.observer();
-    auto& stack = pending_[o.name()];
-    const bool recompute = in_backward() && !stack.empty();
-    const CheckpointCall call = recompute ? stack.back() : CheckpointCall{o.name(), next_call_id()};
-    if (recompute) stack.pop_back();
-    if (!recompute) stack.push_back(call);
+    bool recompute = false;
+    CheckpointCall call;
+    const py::object tapped = adapter_.attr("unit_call");
+    if (!tapped.is_none()) {
+      const auto [serial, again] = tapped.cast<std::pair<int64_t, bool>>();
+      auto it = tapped_calls_.find(serial);
+      // A call run again whose forward ran plainly (inside another unit): nothing to pair it with.
+      if (again && it == tapped_calls_.end()) return fn(inputs);
+      recompute = again;
+      if (recompute) {
+        call = it->second;
+      } else {
+        call = CheckpointCall{o.name(), next_call_id()};
+        tapped_calls_[serial] = call;
+      }
+    } else {
+      auto& stack = pending_[o.name()];
+      recompute = in_backward() && !stack.empty();
+      call = recompute ? stack.back() : CheckpointCall{o.name(), next_call_id()};
+      if (recompute) stack.pop_back();
+      if (!recompute) stack.push_back(call);
+    }
     auto ys = observed_call(fn, inputs, observer, call, recompute);
     watch_grads(ys, observer, call);
     return ys;
@@ -278,7 +298,8 @@ class PythonModel : public Model {
   torch::Device device_ = torch::kCPU;
   std::map<int64_t, py::object> snapshots_;
   int64_t next_snapshot_ = 1;
-  std::map<std::string, std::vector<CheckpointCall>> pending_;  // --checkpoint model
+  std::map<std::string, std::vector<CheckpointCall>> pending_;  // --checkpoint model, untapped units
+  std::map<int64_t, CheckpointCall> tapped_calls_;              // --checkpoint model, by tap serial
 };
 
 std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& choice) {

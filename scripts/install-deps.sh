@@ -56,25 +56,39 @@ case $torch in
   *) echo "install-deps: CKCHECK_TORCH=$torch is not a tested version (2.13.0 or 2.14.1)" >&2; exit 2 ;;
 esac
 want=("torch==$torch" pytest numpy)
+pins=(-c scripts/constraints.txt)
 [[ -n $vision ]] && want+=("torchvision==$vision")
 have=$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
 if [[ $have != "$torch" ]] || ! "$py" -c 'import pytest, numpy' 2>/dev/null \
    || { [[ -n $vision ]] && ! "$py" -c 'import torchvision' 2>/dev/null; }; then
   echo "install-deps: pip installing ${want[*]} into $venv"
-  "$py" -m pip install -q --disable-pip-version-check "${want[@]}" 2>&1 | grep -v "^WARNING: Location" || true
+  "$py" -m pip install -q --disable-pip-version-check "${pins[@]}" "${want[@]}" 2>&1 | grep -v "^WARNING: Location" || true
   "$py" -c 'import torch' || { echo "install-deps: torch $torch did not install" >&2; exit 2; }
 else
   echo "install-deps: $venv has torch $torch${vision:+ and torchvision $vision}"
 fi
 
 # Real models for the eager-Python tests, built from configs with random weights: Hugging Face
-# transformers and PEFT (timm where torchvision is there). torch is named with its version so
-# that nothing replaces it. Optional: without them those tests report as skipped.
-extras=(transformers peft)
+# transformers and PEFT (timm where torchvision is there), at the versions in
+# scripts/constraints.txt. torch is named with its version so that nothing replaces it.
+# Optional: without them those tests report as skipped.
+extras=(transformers peft accelerate)
 [[ -n $vision ]] && extras+=(timm "torchvision==$vision")
-if ! "$py" -c 'import transformers, peft' 2>/dev/null; then
+# Installed at the pinned versions? (A name without a pin only has to import.)
+pinned='
+import importlib.metadata as md, sys
+pins = dict(l.split("#")[0].strip().split("==") for l in open("scripts/constraints.txt") if "==" in l)
+for name in (a.split("==")[0] for a in sys.argv[1:]):
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        sys.exit(1)
+    if name in pins and have != pins[name]:
+        sys.exit(1)
+'
+if ! "$py" -c "$pinned" "${extras[@]}"; then
   echo "install-deps: pip installing ${extras[*]} into $venv"
-  "$py" -m pip install -q --disable-pip-version-check "${extras[@]}" "torch==$torch" 2>&1 | grep -v "^WARNING: Location" || true
+  "$py" -m pip install -q --disable-pip-version-check "${pins[@]}" "${extras[@]}" "torch==$torch" 2>&1 | grep -v "^WARNING: Location" || true
   "$py" -c 'import transformers, peft' 2>/dev/null \
     || echo "install-deps: ${extras[*]} did not install; the tests on them are skipped"
 fi

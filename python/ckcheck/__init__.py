@@ -115,7 +115,42 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
             report = json.load(f)
         with open(text_path) as f:
             report["console"] = f.read()
+    # The command line names a factory that lived only during this call: reproduce with the call.
+    given = dict(sites=sites, policy=policy, checkpoint=report.get("config", {}).get("checkpoint", checkpoint),
+                 seed=seed, steps=steps, checks=checks, tolerance=tolerance, loss=loss, enable=enable,
+                 disable=disable, preserve_rng_state=preserve_rng_state, args=tuple(args))
+    call = _python_call(model, inputs, given)
+    command = report.get("reproduce", "")
+    report["reproduce"] = call
+    if command:
+        report["console"] = report["console"].replace(f"reproduce: {command}", f"reproduce: {call}")
+    # ... and the model by its class, not by that factory's name.
+    cls = type(model)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if report.get("model", {}).get("name") == spec:
+        report["model"]["name"] = name
+    report["console"] = report["console"].replace(f"model {spec},", f"model {name},")
     return report
+
+
+_RUN_DEFAULTS = dict(sites=None, policy="every:1", checkpoint="auto", seed=0, steps=1, checks=None,
+                     tolerance="bitwise", loss=None, enable=None, disable=None, preserve_rng_state=True,
+                     args=())
+
+
+def _python_call(model, inputs, given) -> str:
+    """The ckcheck.run call that reproduces a report, with the model's class named."""
+    parts = ["model"] + ([] if inputs is None else ["inputs"])
+    for key, value in given.items():
+        if value == _RUN_DEFAULTS[key] and key not in ("checkpoint", "policy", "seed"):
+            continue
+        if callable(value):
+            value = getattr(value, "__qualname__", type(value).__name__)
+            parts.append(f"{key}={value}")
+        else:
+            parts.append(f"{key}={value!r}")
+    cls = type(model)
+    return f"ckcheck.run({', '.join(parts)})  # model: {cls.__module__}.{cls.__qualname__}"
 
 
 def assert_checkpoint_equivalent(model, inputs=None, **kwargs):

@@ -17,6 +17,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import itertools
 import importlib
 import importlib.util
 import os
@@ -328,6 +329,12 @@ class ModelAdapter:
         self._active_paths = []  # the module forwards under way (innermost last)
         self._units_seen = []  # --checkpoint model: units met by the checkpoint tap, in order
         self._tap_units = False  # --checkpoint model: the units are the tapped calls
+        # --checkpoint model: (serial of the tapped checkpoint call, whether the checkpoint runs its
+        # function again) while a tapped unit runs; None otherwise.
+        self.unit_call = None
+        self._tapped_calls = itertools.count(1)
+        self._tap_depth = 0  # tapped functions running now
+        self._nested_seen, self._outer_seen = set(), set()  # units met inside another's function, and not
         self._unit_paths = set()  # ... and their modules
         self._switch_on = False  # the model's own switch is on for the step under way
         self.last_structure = ""  # what the last forward returned, without its values
@@ -403,13 +410,28 @@ class ModelAdapter:
             path = self._active_paths[-1] if self._active_paths else "(root)"
         if path not in self._units_seen:
             self._units_seen.append(path)
+        # A checkpoint reached while a tapped function runs is nested in that unit (timm's stages
+        # checkpointed from the root and their blocks from each stage): the outer unit covers it.
+        (self._nested_seen if self._tap_depth else self._outer_seen).add(path)
+
+        # The checkpoint runs `function` once in its forward and again in each recompute; a
+        # checkpoint inside a recomputed unit is a new call, whose first run is its forward.
+        serial, runs = next(self._tapped_calls), [0]
 
         @functools.wraps(function)
         def unit(*args, **kwargs):
             call_site = self._call_site
-            if call_site is None or not self._tap_units:
-                return function(*args, **kwargs)
-            return self._through_site(path, function, call_site, args, kwargs)
+            outer = self.unit_call
+            self._tap_depth += 1
+            try:
+                if call_site is None or not self._tap_units:
+                    return function(*args, **kwargs)
+                self.unit_call = (serial, runs[0] > 0)
+                runs[0] += 1
+                return self._through_site(path, function, call_site, args, kwargs)
+            finally:
+                self.unit_call = outer
+                self._tap_depth -= 1
 
         return unit
 
@@ -503,6 +525,7 @@ class ModelAdapter:
                 recomputed.append(path)
 
         self._units_seen = []
+        self._nested_seen, self._outer_seen = set(), set()
         self._enable()
         _tap_stored_checkpoints(self.module)
         self._recording = record
@@ -525,7 +548,8 @@ class ModelAdapter:
             self._tap_units = True
             order = {p: i for i, p in enumerate(called)}
             units = sorted(self._units_seen, key=lambda p: order.get(p, len(order)))
-            nested = [u for u in units if any(u.startswith(v + ".") for v in units if v != u)]
+            nested = [u for u in units if any(u.startswith(v + ".") for v in units if v != u)
+                      or (u in self._nested_seen and u not in self._outer_seen)]
             units = [u for u in units if u not in nested]
             self._unit_paths = set(units)
             return units

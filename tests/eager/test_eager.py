@@ -145,6 +145,19 @@ def test_run_returns_the_report_with_sites_and_keyword_inputs():
     assert report["model"]["checkpointed"] == ["blocks.0.attn", "blocks.1.attn"]
 
 
+def test_a_reports_reproduce_line_is_the_call_that_reproduces_it():
+    model, x = _twin("faulty_stateful_counter")
+    report = ckcheck.run(model, (x,), checkpoint="torch", sites=["blocks.*"], seed=3)
+    call = report["reproduce"]
+    assert call.startswith("ckcheck.run(model, inputs, ") and "_registry" not in call, call
+    assert f"# model: {type(model).__module__}.{type(model).__qualname__}" in call
+    assert "_registry" not in report["console"]
+    again = eval(call.partition("  #")[0], {"ckcheck": ckcheck, "model": model, "inputs": (x,)})
+    assert again["verdict"] == report["verdict"] == "fail"
+    assert [c["status"] for c in again["checks"]] == [c["status"] for c in report["checks"]]
+    assert again["config"]["seed"] == 3 and again["model"]["checkpointed"] == report["model"]["checkpointed"]
+
+
 def test_run_refuses_what_cannot_be_checked_in_one_line():
     model, x = _twin("mlp")
     with pytest.raises(ckcheck.UsageError, match="no site"):

@@ -282,3 +282,36 @@ def test_an_error_line_has_no_traceback_and_no_path_the_user_did_not_give(ckchec
     assert "site-packages" not in r.err and ROOT not in r.err.replace(str(model), "")
     verbose = ckcheck("run", "--model", f"{model}:make_model", "--verbose")
     assert verbose.code == 2 and len(verbose.err.strip().splitlines()) > 1, verbose.err
+
+
+# ---- checkpoints inside checkpoints (timm's MetaFormer: the root checkpoints each stage through a
+# closure, each stage its blocks) -------------------------------------------------------------------
+@pytest.mark.parametrize("factory, equal", [("nested_checkpoints", True),
+                                            ("nested_checkpoints_without_rng_replay", False)])
+def test_pytorch_alone_nested_own_checkpoints_change_gradients_only_without_rng_replay(factory, equal):
+    model, x = getattr(_load("fidelity"), factory)()
+    model.train()
+
+    def step(on):
+        torch.manual_seed(0)
+        model.zero_grad()
+        model.gradient_checkpointing = on
+        model(x).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain, checkpointed = step(False), step(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain, checkpointed)) == equal
+
+
+def test_nested_own_checkpoints_are_checked_as_the_outer_unit_without_false_findings(ckcheck):
+    r = ckcheck("run", "--model", fixture("fidelity.py:nested_checkpoints"), "--checkpoint", "model")
+    assert r.code == 0, r.out + r.err
+    assert r.report["model"]["units"] == ["(root)"]
+    for check in ("gradients", "input-mutation", "rng", "hooks"):
+        assert r.check(check)["status"] == "pass", r.out
+    # negative control: the same nesting without RNG replay fails at the outer unit
+    bad = ckcheck("run", "--model", fixture("fidelity.py:nested_checkpoints_without_rng_replay"),
+                  "--checkpoint", "model")
+    assert bad.code == 1, bad.out + bad.err
+    assert sites_of(bad.check("rng"), "rng") == {"(root)"}, bad.out
+    assert bad.check("input-mutation")["status"] == "pass", bad.out

@@ -25,3 +25,20 @@ def test_python_twin_gives_the_verdicts_of_the_cpp_fixture(ckcheck, name):
     assert cpp.statuses() == py.statuses(), (cpp.out, py.out)
     for check in cpp.report["checks"]:
         assert {c for c, _ in causes(check)} == {c for c, _ in causes(py.check(check["id"]))}, check["id"]
+
+
+# ---- a fix names what the checkpoint under test offers -----------------------------------------
+def test_a_buffer_update_hint_speaks_of_the_checkpoint_under_test(ckcheck):
+    def hints(mode):
+        r = ckcheck("run", "--model", fixture("twins.py:convnet"), "--checkpoint", mode)
+        assert r.code == 1, r.out + r.err
+        found = [f for f in r.check("buffers")["findings"] if f["cause"] == "buffer-update"]
+        assert found, r.out
+        return {f["hint"] for f in found}
+
+    for mode in ("torch", "torch-reentrant"):
+        for hint in hints(mode):
+            assert "torch.utils.checkpoint" in hint and "--restore-buffers" not in hint, hint
+            assert "is_recomputing" not in hint, hint
+    # negative control: under ckcheck's own checkpoint its --restore-buffers is the fix
+    assert all("--restore-buffers" in h for h in hints("ckcheck"))

@@ -72,6 +72,20 @@ std::optional<double> analytic_activation_bytes(const Model& model, const Plan& 
   return peak;
 }
 
+// What the ranking resolves. Run to run, on a machine that other processes share, the point
+// estimates of the time ratios move by up to about 4% of none's step while the bootstrap
+// intervals widen to +-8% and narrow again with the load (scripts/bench_stability.py): ranking on
+// interval overlap, or on differences smaller than that, made the recommendation follow the
+// load. So times closer than kTimeResolution, and peaks closer than kMemoryResolution of the
+// largest, count as equal; the intervals are reported, and judge a policy that does more work
+// than none but measures faster (a noisy machine).
+constexpr double kTimeResolution = 0.04;
+constexpr double kMemoryResolution = 0.02;
+// The widest interval (half-width, in none's steps) at which that ranking still gave the same
+// advice in those runs: wider, and the time verdict is withheld (withhold_imprecise_times). A CPU
+// hog beside the bench widens intervals to +-10-40%.
+constexpr double kIntervalLimit = 0.08;
+
 namespace {
 
 int64_t bytes_of(const NamedTensors& tensors) {
@@ -302,6 +316,7 @@ void measure_interleaved(Runner& runner, const std::vector<Entry>& entries, std:
         fmt::join(suspicious, ", "), rounds.rounds()));
   }
   r.rounds = rounds.rounds();
+  withhold_imprecise_times(r);
   for (const auto& p : r.policies) r.baseline_bytes = std::max(r.baseline_bytes, p.measurement.baseline_bytes);
   if (options.progress) options.progress(steps, steps, "");
 }
@@ -352,15 +367,6 @@ namespace {
 using Point = const PolicyBench*;
 
 double total_bytes(Point p) { return static_cast<double>(p->measurement.baseline_bytes + p->measurement.peak_bytes); }
-// What the ranking resolves. Run to run, on a machine that other processes share, the point
-// estimates of the time ratios move by up to about 4% of none's step while the bootstrap
-// intervals widen to +-8% and narrow again with the load (scripts/bench_stability.py): ranking on
-// interval overlap, or on differences smaller than that, made the recommendation follow the
-// load. So times closer than kTimeResolution, and peaks closer than kMemoryResolution of the
-// largest, count as equal; the intervals are reported, and judge a policy that does more work
-// than none but measures faster (a noisy machine).
-constexpr double kTimeResolution = 0.04;
-constexpr double kMemoryResolution = 0.02;
 
 bool same_time(Point a, Point b) { return std::abs(a->time_ratio - b->time_ratio) <= kTimeResolution; }
 // a is faster than b beyond the resolution.
@@ -527,6 +533,25 @@ void recommend(BenchResult& r) {
     return;
   }
   recommend_knee(r, fitting.empty() ? measured : fitting, none);
+}
+
+void withhold_imprecise_times(BenchResult& result) {
+  if (result.too_noisy) return;
+  std::vector<std::string> wide;
+  for (const auto& p : result.policies) {
+    if (p.measurement.step_seconds.empty()) continue;
+    const double half = (p.time_ratio_high - p.time_ratio_low) / 2;
+    if (half > kIntervalLimit) {
+      wide.push_back(fmt::format("{} ({:.2f}x, {:.2f}-{:.2f})", p.policy, p.time_ratio, p.time_ratio_low, p.time_ratio_high));
+    }
+  }
+  if (wide.empty()) return;
+  result.too_noisy = true;
+  result.warnings.push_back(fmt::format(
+      "the time ratios of {} are known only to more than +-{:.0f}% of none's step after {} rounds, the widest "
+      "interval at which the ranking stays stable: the machine is too noisy for a time verdict (other processes?); "
+      "only the memory figures stand",
+      fmt::join(wide, ", "), 100 * kIntervalLimit, result.rounds));
 }
 
 const PolicyBench* measured_none(const BenchResult& r) {

@@ -93,6 +93,11 @@ BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs
 /// stably than a mean or median does. {ratio, low, high}; {1, 1, 1} for identical samples.
 std::array<double, 3> fast_ratio(const std::vector<double>& num, const std::vector<double>& den);
 
+/// Withholds the time verdict (too_noisy, and a warning naming each policy and its interval) when
+/// a policy's time ratio is known only to more than +-8% of none's step, the widest interval at
+/// which the ranking's advice stayed stable run to run. run_bench calls it after its last round.
+void withhold_imprecise_times(BenchResult& result);
+
 /// The recommendation and warnings, from the measurements (run_bench calls it). Time differences
 /// within the ratios' intervals do not rank policies: memory decides between them.
 void recommend(BenchResult& result);

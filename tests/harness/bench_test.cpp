@@ -198,6 +198,27 @@ TEST(Recommend, TooNoisyKeepsOnlyTheMemoryVerdict) {
   EXPECT_EQ(budget.recommendation, "every:4") << "fits, and recomputes least";
 }
 
+TEST(Recommend, AnIntervalWiderThanTheResolutionWithholdsTheTimeVerdict) {
+  // every:2 known only to +-10% of none's step (a CPU hog beside the bench): no time ranking.
+  auto loaded = result({point("none", 1.0, 10000), noisy("every:2", 1.18, 1.08, 1.28, 3000),
+                        point("every:1", 1.40, 1800)});
+  withhold_imprecise_times(loaded);
+  EXPECT_TRUE(loaded.too_noisy);
+  ASSERT_FALSE(loaded.warnings.empty());
+  EXPECT_NE(loaded.warnings.back().find("every:2 (1.18x, 1.08-1.28)"), std::string::npos) << loaded.warnings.back();
+  recommend(loaded);
+  EXPECT_EQ(loaded.recommendation, "");
+  EXPECT_NE(loaded.reason.find("too noisy for a time verdict"), std::string::npos) << loaded.reason;
+  // The negative control: +-6%, as on a quiet 2-core VM, keeps it.
+  auto quiet = result({point("none", 1.0, 10000), noisy("every:2", 1.18, 1.12, 1.24, 3000),
+                       point("every:1", 1.40, 1800)});
+  withhold_imprecise_times(quiet);
+  EXPECT_FALSE(quiet.too_noisy);
+  EXPECT_TRUE(quiet.warnings.empty());
+  recommend(quiet);
+  EXPECT_NE(quiet.recommendation, "");
+}
+
 TEST(FastRatio, LoadThatComesAndGoesDoesNotMoveTheRatio) {
   // A policy 1.3x slower than none, measured interleaved while another process slows half of
   // none's steps and 60% of the policy's by 2x.
@@ -277,6 +298,7 @@ TEST(Bench, DefaultPoliciesThatDoNotApplyAreNotedAndGivenOnesMustApply) {
   BenchOptions o;
   o.steps = 1;
   o.warmup = 0;
+  o.time_budget_s = 5;  // a few rounds: this test is about the policies, not the times
   const auto r = run_bench(runner, {}, o);
   ASSERT_EQ(r.policies.size(), default_bench_policies().size());
   bool noted = false;
@@ -284,7 +306,9 @@ TEST(Bench, DefaultPoliciesThatDoNotApplyAreNotedAndGivenOnesMustApply) {
     if (p.policy == "sites:*.attn") noted = p.note.rfind("not applicable", 0) == 0;
   }
   EXPECT_TRUE(noted);
-  EXPECT_FALSE(r.recommendation.empty());
+  // A recommendation, or -- a millisecond step measured over a few rounds -- the time verdict
+  // withheld, saying why.
+  EXPECT_TRUE(!r.recommendation.empty() || (r.too_noisy && !r.warnings.empty())) << r.reason;
   o.policies = {"none", "sites:*.attn"};
   EXPECT_THROW(run_bench(runner, {}, o), UsageError);
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The figures in the README, measured in one run on this machine: ckcheck bench on the
-# transformer and convnet fixtures, the checkpoint machinery's own cost per call, and the
-# comparison with torch.utils.checkpoint. Writes them to ./benchmarks/ (reports) and prints them.
+# transformer and convnet fixtures, the checkpoint machinery's own cost per call, the
+# comparison with torch.utils.checkpoint, and what a check costs in plain steps. Writes them to ./benchmarks/ (reports) and prints them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${CKCHECK_BUILD_DIR:-build}
@@ -22,6 +22,8 @@ echo "== the checkpoint machinery per call (Google Benchmark)"
 echo "== against torch.utils.checkpoint (reentrant, non-reentrant, SAC), interleaved, one process"
 "$python" bench/compare_pytorch.py --pymemory "$build/bench/libckcheck_pymemory.so" \
   --layers 4 --hidden 256 --heads 8 --seq 128 --batch 8 --vocab 64 --rounds 10 --warmup 2 | tee "$out/compare_pytorch.md"
+echo "== what a check costs, in plain training steps (scripts/cost_table.py)"
+PYTHONPATH="$build/python" "$python" scripts/cost_table.py | tee "$out/cost_table.md"
 echo "== where torch.utils.checkpoint and ckcheck::checkpoint differ (tests/python/test_torch_checkpoint_semantics.py)"
 "$python" tests/python/test_torch_checkpoint_semantics.py | tee "$out/semantics.md"
 echo "== stability of ckcheck bench: 5 runs quiet, 5 beside a CPU-bound process that starts and stops at random"

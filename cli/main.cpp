@@ -42,6 +42,11 @@ int run_in_python(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   const bool help = std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "-h" || a == "--help"; });
-  if (!help && ckcheck::cli::is_python_model(model_arg(args))) return run_in_python(args);
+  // validate-op --import MODULE: the op is registered by Python code.
+  const bool imports = !args.empty() && args[0] == "validate-op" &&
+                       std::any_of(args.begin(), args.end(), [](const std::string& a) {
+                         return a == "--import" || a.rfind("--import=", 0) == 0;
+                       });
+  if (!help && (imports || ckcheck::cli::is_python_model(model_arg(args)))) return run_in_python(args);
   return ckcheck::cli::run_cli(args);
 }

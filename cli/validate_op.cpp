@@ -19,6 +19,11 @@ const OptionTable<ValidateOpOptions>& validate_op_option_table() {
     OptionTable<ValidateOpOptions> t;
     t.push_back(Row("--library", "the shared library that registers the op (loaded with dlopen)", &ValidateOpOptions::library)
                     .config("library"));
+    t.push_back(Row("--import",
+                    "a Python module that registers the op (torch.library.custom_op, Library.define/impl, a Triton "
+                    "kernel wrapped as an op), imported in the venv's Python before the op is looked up",
+                    &ValidateOpOptions::import_module)
+                    .config("import"));
     t.push_back(Row("--op", "the op, as namespace::name or namespace::name.overload", &ValidateOpOptions::op)
                     .required()
                     .always()
@@ -49,12 +54,24 @@ void setup_validate_op(CLI::App& app, int& exit_code) {
       "checkpoint: deterministic, changes no input its schema does not mark as mutable, draws "
       "random numbers only as a restored generator replays them, behaves the same with grad mode "
       "on and off under autocast, and gives the same gradient checkpointed as plain.\n"
+      "An op registered from Python (torch.library) is checked the same way: --import names the module "
+      "that registers it.\n"
       "Exit status: 0 safe, 1 unsafe, 2 for bad usage or input.\n"
-      "Example: ckcheck validate-op --library build/libmyops.so --op myops::fused_gelu --shapes 4x16");
+      "Example: ckcheck validate-op --library build/libmyops.so --op myops::fused_gelu --shapes 4x16\n"
+      "Example: ckcheck validate-op --import mypkg.ops --op mylib::fused --shapes 4x16");
   add_options(*sub, *o, validate_op_option_table());
   add_report_option(*sub, o->reports);
   sub->callback([o, &exit_code] { exit_code = run_validate_op(*o); });
 }
+
+namespace {
+PythonImporter& python_importer() {
+  static PythonImporter importer;
+  return importer;
+}
+}  // namespace
+
+void set_python_importer(PythonImporter importer) { python_importer() = std::move(importer); }
 
 int run_validate_op(const ValidateOpOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -63,6 +80,12 @@ int run_validate_op(const ValidateOpOptions& o) {
       {"float32", c10::kFloat}, {"float64", c10::kDouble}, {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong}};
   const auto dt = dtypes.find(o.dtype);
   if (dt == dtypes.end()) throw UsageError("--dtype '" + o.dtype + "'; valid: float32, float64, bfloat16, int64");
+  if (!o.import_module.empty()) {
+    // The ckcheck program hands a run with --import to its Python (cli/main.cpp); only there is
+    // an importer set.
+    if (!python_importer()) throw UsageError("--import needs Python: run it as `ckcheck validate-op --import ...`");
+    python_importer()(o.import_module);
+  }
   OpValidationOptions options;
   options.library = o.library;
   options.op = o.op;

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@ namespace ckcheck::cli {
 
 struct ValidateOpOptions {
   std::string library;
+  std::string import_module;  // a Python module that registers the op (--import)
   std::string op;
   std::string shapes;
   std::string dtype = "float32";
@@ -27,5 +29,11 @@ void setup_validate_op(CLI::App& app, int& exit_code);
 
 /// 0 when the op is safe to recompute, 1 when it is not; throws UsageError for bad input.
 int run_validate_op(const ValidateOpOptions& options);
+
+/// Imports a Python module by name; throws UsageError (one line) when it cannot.
+using PythonImporter = std::function<void(const std::string&)>;
+/// Set by the ckcheck Python package, which runs this CLI in a Python process: how --import
+/// imports the module that registers a Python custom op (torch.library).
+void set_python_importer(PythonImporter importer);
 
 }  // namespace ckcheck::cli

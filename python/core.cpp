@@ -26,6 +26,7 @@
 #include "cli/app.h"
 #include "cli/common.h"
 #include "cli/supervise.h"
+#include "cli/validate_op.h"
 #include "harness/support/phase.h"
 #include "harness/model/random_input.h"
 #include "harness/support/errors.h"
@@ -322,6 +323,14 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
 
 int cli_main(const std::vector<std::string>& args) {
   cli::set_python_model_loader(load);
+  cli::set_python_importer([](const std::string& module) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::module_::import("ckcheck._model").attr("import_ops")(module);
+    } catch (py::error_already_set& e) {
+      throw UsageError(one_line(e));  // the helper's message names --import and the module
+    }
+  });
   // What the model printed through Python's buffers goes out before a report takes stdout back.
   cli::set_before_report([] {
     py::gil_scoped_acquire gil;

@@ -20,7 +20,7 @@ import torch  # noqa: F401  (LibTorch first: ckcheck._core links against it)
 from ckcheck import _core, _registry
 from ckcheck._model import UsageError
 
-__all__ = ["run", "assert_checkpoint_equivalent", "main", "UsageError", "CheckpointMismatch"]
+__all__ = ["run", "assert_checkpoint_equivalent", "validate_op", "main", "UsageError", "CheckpointMismatch"]
 
 
 class CheckpointMismatch(AssertionError):
@@ -70,6 +70,56 @@ def _factory(model, inputs, loss, enable, disable):
     return make
 
 
+def _report_of(argv):
+    """Runs `ckcheck ARGV` in this process and returns its JSON report, with the console text
+    under "console"; raises UsageError with ckcheck's one-line error."""
+    with tempfile.TemporaryDirectory(prefix="ckcheck-") as folder:
+        json_path = os.path.join(folder, "report.json")
+        text_path = os.path.join(folder, "report.txt")
+        full = list(argv) + ["--report", f"json={json_path}", "--report", f"console={text_path}"]
+        status, errors = _captured(lambda: main(full))
+        if status == 2 or not os.path.exists(json_path):
+            lines = [l for l in errors.splitlines() if l.startswith("ckcheck: error: ")]
+            message = lines[-1] if lines else f"ckcheck exited with status {status}: {errors.strip()[-300:]}"
+            raise UsageError(message.removeprefix("ckcheck: error: "))
+        with open(json_path) as f:
+            report = json.load(f)
+        with open(text_path) as f:
+            report["console"] = f.read()
+    return report
+
+
+def _op_name(op):
+    """namespace::name[.overload] of an op given as a string, torch.ops.ns.name (a packet or an
+    overload) or what torch.library.custom_op returned."""
+    if isinstance(op, str):
+        return op
+    for attr in ("_qualname", "_qualified_op_name"):
+        name = getattr(op, attr, None)
+        if isinstance(name, str):
+            return name
+    schema = getattr(op, "_schema", None)
+    if schema is not None:
+        return schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    raise UsageError(f"validate_op: {op!r} is not a registered op; give torch.ops.NAMESPACE.NAME, what "
+                     "torch.library.custom_op returned, or 'namespace::name'")
+
+
+def validate_op(op, *, shapes=None, dtype="float32", seed=0, cases=10):
+    """Judges whether a custom op registered in this process (torch.library, or a TORCH_LIBRARY
+    library already loaded) is safe to recompute under a checkpoint, as `ckcheck validate-op` does,
+    and returns the report as a dict ("verdict": "pass" when safe; "checks"; "console").
+
+    op: torch.ops.mylib.fused, torch.ops.mylib.fused.default, a torch.library.custom_op, or
+        "mylib::fused". shapes: one shape per tensor argument, as "4x16,4x16" or [(4, 16), (4, 16)].
+    """
+    argv = ["validate-op", "--op", _op_name(op), "--dtype", dtype, "--seed", str(seed), "--cases", str(cases)]
+    if shapes:
+        text = shapes if isinstance(shapes, str) else ",".join("x".join(str(int(d)) for d in s) for s in shapes)
+        argv += ["--shapes", text]
+    return _report_of(argv)
+
+
 def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", seed=0,
         steps=1, checks=None, tolerance="bitwise", loss=None, enable=None, disable=None,
         preserve_rng_state=True, args=()):
@@ -90,31 +140,19 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     Raises UsageError (one line) for what cannot be checked.
     """
     spec = _registry.add(_factory(model, inputs, loss, enable, disable))
-    with tempfile.TemporaryDirectory(prefix="ckcheck-") as folder:
-        json_path = os.path.join(folder, "report.json")
-        text_path = os.path.join(folder, "report.txt")
-        argv = ["run", "--model", spec, "--policy", policy, "--seed", str(seed), "--steps", str(steps),
-                "--checkpoint", checkpoint, "--tolerance", tolerance,
-                "--report", f"json={json_path}", "--report", f"console={text_path}"]
-        if sites:
-            argv += ["--sites", ",".join([sites] if isinstance(sites, str) else sites)]
-        if checks:
-            argv += ["--checks", ",".join([checks] if isinstance(checks, str) else checks)]
-        if not preserve_rng_state:
-            argv.append("--no-preserve-rng")
-        argv += [str(a) for a in args]
-        try:
-            status, errors = _captured(lambda: main(argv))
-        finally:
-            _registry.remove(spec)
-        if status == 2 or not os.path.exists(json_path):
-            lines = [l for l in errors.splitlines() if l.startswith("ckcheck: error: ")]
-            message = lines[-1] if lines else f"ckcheck exited with status {status}: {errors.strip()[-300:]}"
-            raise UsageError(message.removeprefix("ckcheck: error: "))
-        with open(json_path) as f:
-            report = json.load(f)
-        with open(text_path) as f:
-            report["console"] = f.read()
+    argv = ["run", "--model", spec, "--policy", policy, "--seed", str(seed), "--steps", str(steps),
+            "--checkpoint", checkpoint, "--tolerance", tolerance]
+    if sites:
+        argv += ["--sites", ",".join([sites] if isinstance(sites, str) else sites)]
+    if checks:
+        argv += ["--checks", ",".join([checks] if isinstance(checks, str) else checks)]
+    if not preserve_rng_state:
+        argv.append("--no-preserve-rng")
+    argv += [str(a) for a in args]
+    try:
+        report = _report_of(argv)
+    finally:
+        _registry.remove(spec)
     # The command line names a factory that lived only during this call: reproduce with the call.
     given = dict(sites=sites, policy=policy, checkpoint=report.get("config", {}).get("checkpoint", checkpoint),
                  seed=seed, steps=steps, checks=checks, tolerance=tolerance, loss=loss, enable=enable,

@@ -819,3 +819,26 @@ def _flatten_attr(name, value, out):
     elif isinstance(value, dict):
         for k, v in value.items():
             _flatten_attr(f"{name}.{k}", v, out)
+
+
+def import_ops(spec):
+    """validate-op --import: imports the module that registers a custom op -- a module name
+    (mypkg.ops) or a file (ops.py) -- so that its torch.library registrations run."""
+    if not spec.strip():
+        raise UsageError("--import: give a module name (mypkg.ops) or a file (ops.py)")
+    try:
+        if spec.endswith(".py"):
+            if not os.path.isfile(spec):
+                raise UsageError(f"--import {spec}: no such file")
+            name = "ckcheck_ops_" + str(abs(hash(os.path.abspath(spec))))
+            module_spec = importlib.util.spec_from_file_location(name, spec)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            importlib.import_module(spec)
+    except UsageError:
+        raise
+    except Exception as e:  # what importing the user's module raised, in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UsageError(f"--import {spec}: cannot import it: {type(e).__name__}: {first}") from e

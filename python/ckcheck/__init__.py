@@ -10,6 +10,7 @@ this package only hands them the model. The model is restored to its state after
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -171,16 +172,12 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     return report
 
 
-_RUN_DEFAULTS = dict(sites=None, policy="every:1", checkpoint="auto", seed=0, steps=1, checks=None,
-                     tolerance="bitwise", loss=None, enable=None, disable=None, preserve_rng_state=True,
-                     args=())
-
-
 def _python_call(model, inputs, given) -> str:
     """The ckcheck.run call that reproduces a report, with the model's class named."""
     parts = ["model"] + ([] if inputs is None else ["inputs"])
+    defaults = {name: p.default for name, p in inspect.signature(run).parameters.items()}
     for key, value in given.items():
-        if value == _RUN_DEFAULTS[key] and key not in ("checkpoint", "policy", "seed"):
+        if value == defaults[key] and key not in ("checkpoint", "policy", "seed"):
             continue
         if callable(value):
             value = getattr(value, "__qualname__", type(value).__name__)

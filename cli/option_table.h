@@ -65,11 +65,25 @@ class OptionRow {
   std::string field_name() const {
     if (!field_name_.empty()) return field_name_;
     if (!config_key_.empty()) return config_key_;
+    return keyword();
+  }
+  bool is_shared() const { return shared_; }
+  /// The name a front end with keyword arguments gives the row: the flag's words joined by '_'
+  /// (--input-requires-grad: input_requires_grad).
+  std::string keyword() const {
     std::string name = flag_.substr(flag_.find_first_not_of('-'));
     for (auto& c : name) c = c == '-' ? '_' : c;
     return name;
   }
-  bool is_shared() const { return shared_; }
+
+  /// Calls f(field) with the field the row sets in `o`, as its own type: how a front end that
+  /// takes typed values (the Python binding) sets an option without a command line.
+  template <class F>
+  void visit_field(Options& o, F&& f) const {
+    std::visit([&](const auto& get) { f(get(o)); }, field_);
+  }
+  /// The row's check of a value written as text: "" when it passes, else what is wrong.
+  std::string check_text(std::string text) const { return check_ ? (*check_)(text) : std::string(); }
 
   /// Registers the option on `app` (or on its group there), bound to `o`.
   CLI::Option* add(CLI::App& app, Options& o) const {
@@ -175,6 +189,15 @@ nlohmann::json config_options(const Options& o, const OptionTable<Options>& tabl
     if (!row.config_key().empty() && (!keep || keep(row))) j[row.config_key()] = row.value(o);
   }
   return j;
+}
+
+/// The row whose keyword() is `keyword`, or null.
+template <class Options>
+const OptionRow<Options>* row_of_keyword(const OptionTable<Options>& table, const std::string& keyword) {
+  for (const auto& row : table) {
+    if (row.keyword() == keyword) return &row;
+  }
+  return nullptr;
 }
 
 /// The flag of the row that sets `field` (OptionRow::field_name), or "" when none does: how the

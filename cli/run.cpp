@@ -292,9 +292,20 @@ nlohmann::json run_report_config(const RunOptions& o, const Plan& plan, const Ru
   return j;
 }
 
-int run_run(const RunOptions& o) {
+RunOptions default_run_options() {
+  RunOptions o;
+  for (const auto& c : builtin_checks()) {
+    for (const auto& k : c->info().knobs) o.knobs[k.name] = k.default_value;
+  }
+  return o;
+}
+
+namespace {
+
+// The run's report, or nullopt where this process does not report: it started the ranks of a
+// data-parallel run (`status` gets theirs) or is a rank other than 0.
+std::optional<Report> run_report(const RunOptions& o, int& status) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   const auto tolerance = Tolerance::parse(o.tolerance);
   auto checks = select_checks(split_list(o.checks), o.bench);
   // Data-parallel: start the ranks here, or be one of them.
@@ -310,7 +321,10 @@ int run_run(const RunOptions& o) {
   }
   // Gradient accumulation adds its own check to those run by default.
   if (o.config.accumulate > 1 && o.checks.empty()) checks.push_back(make_check("gradient-accumulation"));
-  if (!env && o.world_size > 1) return launch(o, *model, config);
+  if (!env && o.world_size > 1) {
+    status = launch(o, *model, config);
+    return std::nullopt;
+  }
   std::unique_ptr<Collective> collective;
   std::unique_ptr<DataParallel> dp;
   if (env && env->world_size > 1) {
@@ -326,7 +340,7 @@ int run_run(const RunOptions& o) {
                      outcome.records.reference.error);
   }
   // Only rank 0 reports; the others are done once they have said what they saw.
-  if (collective && collective->rank() != 0) return 0;
+  if (collective && collective->rank() != 0) return std::nullopt;
   Report report;
   report.command = "run";
   report.model = model_info(*model, plan, checkpoint, runner.config());
@@ -340,8 +354,32 @@ int run_run(const RunOptions& o) {
     report.diagnosis = diagnose(runner, plan, tolerance, outcome);
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  commit_reports(report, targets);
-  return report.verdict == Verdict::kPass ? 0 : 1;
+  return report;
+}
+
+}  // namespace
+
+Report run_in_process(const RunOptions& o) {
+  if (o.world_size > 1 || rank_environment()) {
+    throw FieldError("world_size", "@world_size: a data-parallel run starts processes of its own; run it with "
+                                   "the ckcheck command (ckcheck run --world-size N)");
+  }
+  if (o.timeout > 0) {
+    throw FieldError("timeout", "@timeout: a run past its deadline ends its process, here the caller's; run it "
+                                "with the ckcheck command (ckcheck run --timeout S), which watches a child process");
+  }
+  int status = 0;
+  return *run_report(o, status);
+}
+
+int run_run(const RunOptions& o) {
+  // The report targets are checked before any work is done.
+  const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
+  int status = 0;
+  const auto report = run_report(o, status);
+  if (!report) return status;
+  commit_reports(*report, targets);
+  return report->verdict == Verdict::kPass ? 0 : 1;
 }
 
 }  // namespace ckcheck::cli

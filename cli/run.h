@@ -50,6 +50,14 @@ const OptionTable<RunOptions>& run_option_table();
 /// Adds the run subcommand; its result goes to `exit_code`.
 void setup_run(CLI::App& app, int& exit_code);
 
+/// Options at their defaults, the checks' knobs included (what the command line starts from).
+RunOptions default_run_options();
+
+/// Runs in this process and returns the report, writing nothing (the Python binding); throws
+/// UsageError for bad input, FieldError for a data-parallel run or a --timeout (the
+/// deadline ends the process).
+Report run_in_process(const RunOptions& options);
+
 /// Runs with parsed options; returns the exit code (0 pass, 1 a check failed). Throws UsageError
 /// for bad input.
 int run_run(const RunOptions& options);

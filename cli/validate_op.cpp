@@ -73,9 +73,8 @@ PythonImporter& python_importer() {
 
 void set_python_importer(PythonImporter importer) { python_importer() = std::move(importer); }
 
-int run_validate_op(const ValidateOpOptions& o) {
+Report validate_op_report(const ValidateOpOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  const auto targets = report_targets(o.reports, {o.library});
   static const std::map<std::string, c10::ScalarType> dtypes = {
       {"float32", c10::kFloat}, {"float64", c10::kDouble}, {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong}};
   const auto dt = dtypes.find(o.dtype);
@@ -105,8 +104,14 @@ int run_validate_op(const ValidateOpOptions& o) {
   const auto cmd = "ckcheck validate-op" + reproduce_options(o, validate_op_option_table());
   report.reproduce = cmd;
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+int run_validate_op(const ValidateOpOptions& o) {
+  const auto targets = report_targets(o.reports, {o.library});  // checked before any work is done
+  const auto report = validate_op_report(o);
   commit_reports(report, targets);
-  return v.safe ? 0 : 1;
+  return report.verdict == Verdict::kPass ? 0 : 1;
 }
 
 }  // namespace ckcheck::cli

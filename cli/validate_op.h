@@ -27,6 +27,10 @@ const OptionTable<ValidateOpOptions>& validate_op_option_table();
 
 void setup_validate_op(CLI::App& app, int& exit_code);
 
+/// Validates the op and returns the report, writing nothing (the Python binding); throws
+/// UsageError for bad input.
+Report validate_op_report(const ValidateOpOptions& options);
+
 /// 0 when the op is safe to recompute, 1 when it is not; throws UsageError for bad input.
 int run_validate_op(const ValidateOpOptions& options);
 

@@ -13,18 +13,22 @@
 #include <torch/extension.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "ckcheck/model.h"
 #include "cli/app.h"
 #include "cli/common.h"
+#include "cli/run.h"
 #include "cli/supervise.h"
 #include "cli/validate_op.h"
 #include "harness/support/phase.h"
@@ -303,6 +307,14 @@ class PythonModel : public Model {
   std::map<int64_t, CheckpointCall> tapped_calls_;              // --checkpoint model, by tap serial
 };
 
+// The model handed to ckcheck._core.run on this thread, with the name the report gives it; null
+// when the model comes from a --model spec.
+struct GivenModel {
+  py::object factory;
+  std::string name;
+};
+thread_local const GivenModel* given_model = nullptr;
+
 std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& choice) {
   // --input-shape/--input-dtype/--input-range are parsed and the tensor made here, once, by the
   // rules the TorchScript models use; the factory's module gets the tensor.
@@ -312,16 +324,20 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
     py::dict inputs;
     inputs["tensor"] = random.given() ? py::cast(random.make(args.seed)) : py::none();
     inputs["file"] = args.input_file;
-    auto adapter = py::module_::import("ckcheck._model")
-                       .attr("load")(args.model, args.seed, inputs, args.checkpoint, args.mode);
+    const py::object spec = given_model ? given_model->factory : py::cast(args.model);
+    auto adapter = py::module_::import("ckcheck._model").attr("load")(spec, args.seed, inputs, args.checkpoint, args.mode);
+    if (given_model) adapter.attr("name") = given_model->name;
     choice = {adapter.attr("checkpoint").cast<std::string>(), adapter.attr("checkpoint_reason").cast<std::string>()};
     return std::make_unique<PythonModel>(adapter, choice.name);
   } catch (py::error_already_set& e) {
+    if (given_model) throw UsageError(fmt::format("model {}: {}", given_model->name, one_line(e)));
     throw UsageError(fmt::format("--model {}: {}", args.model, one_line(e)));
   }
 }
 
-int cli_main(const std::vector<std::string>& args) {
+// How the core reaches this Python process: its models, the modules that register custom ops, and
+// its output buffers before a report is written. Set once, when the module is imported.
+void install_hooks() {
   cli::set_python_model_loader(load);
   cli::set_python_importer([](const std::string& module) {
     py::gil_scoped_acquire gil;
@@ -340,8 +356,205 @@ int cli_main(const std::vector<std::string>& args) {
     } catch (py::error_already_set&) {
     }
   });
+}
+
+int cli_main(const std::vector<std::string>& args) {
   py::gil_scoped_release released;
   return cli::run_cli(args);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The typed binding: options by keyword (each option-table row's keyword(), the checks' knobs with
+// '_' for '-'), values of their own types, the report returned -- no command line, no file, no
+// redirected output.
+
+std::string type_name(py::handle value) { return py::str(py::type::of(value).attr("__name__")); }
+
+// A Python value as the type of the field it sets; FieldError names the keyword otherwise.
+template <class T>
+T typed(const std::string& key, py::handle value) {
+  auto wrong = [&](const char* expected) {
+    return FieldError(key, fmt::format("@{} takes {}, not {} {}", key, expected, type_name(value),
+                                       py::repr(value).cast<std::string>()));
+  };
+  const bool is_bool = PyBool_Check(value.ptr());
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!is_bool) throw wrong("True or False");
+    return value.cast<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!py::isinstance<py::str>(value)) throw wrong("a string");
+    return value.cast<std::string>();
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    if (py::isinstance<py::str>(value)) return cli::split_list({value.cast<std::string>()});
+    if (!py::isinstance<py::list>(value) && !py::isinstance<py::tuple>(value)) throw wrong("a string or a list of strings");
+    std::vector<std::string> out;
+    for (const auto& item : value) {
+      if (!py::isinstance<py::str>(item)) throw wrong("a string or a list of strings");
+      out.push_back(item.cast<std::string>());
+    }
+    return cli::split_list(out);
+  } else if constexpr (std::is_integral_v<T>) {
+    if (is_bool || !PyLong_Check(value.ptr())) throw wrong("a whole number");
+    try {
+      return value.cast<T>();
+    } catch (const py::cast_error&) {
+      PyErr_Clear();
+      throw FieldError(key, fmt::format("@{} {} is out of range", key, py::repr(value).cast<std::string>()));
+    }
+  } else {
+    if (is_bool || !(PyLong_Check(value.ptr()) || PyFloat_Check(value.ptr()))) throw wrong("a number");
+    return value.cast<T>();
+  }
+}
+
+// A value as the command line would have written it, for the row's check.
+template <class T>
+std::vector<std::string> texts_of(const T& v) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    return {v};
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    return v;  // checked item by item, as the command line's comma-separated list
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return {};
+  } else {
+    return {fmt::format("{}", v)};
+  }
+}
+
+// Sets the option `key` names in `table`'s rows; false when no row has that keyword.
+template <class Options>
+bool set_option(const cli::OptionTable<Options>& table, Options& o, const std::string& key, py::handle value) {
+  const auto* row = cli::row_of_keyword(table, key);
+  if (!row) return false;
+  row->visit_field(o, [&](auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    T v = typed<T>(key, value);
+    for (const auto& text : texts_of(v)) {
+      const auto problem = row->check_text(text);
+      if (!problem.empty()) throw FieldError(key, fmt::format("@{} {}: {}", key, py::repr(value).cast<std::string>(), problem));
+    }
+    field = std::move(v);
+  });
+  return true;
+}
+
+// A check's knob, by its name with '_' for '-'; false when there is none.
+bool set_knob(cli::RunOptions& o, const std::string& key, py::handle value) {
+  std::string name = key;
+  std::replace(name.begin(), name.end(), '_', '-');
+  if (!o.knobs.count(name)) return false;
+  const auto& knob = find_knob(name);
+  const double v = typed<double>(key, value);
+  auto text = fmt::format("{}", v);
+  const auto problem = cli::finite_number(knob.min, knob.max, knob.min_open)(text);
+  if (!problem.empty()) throw FieldError(key, fmt::format("@{} {}: {}", key, text, problem));
+  o.knobs[name] = v;
+  return true;
+}
+
+template <class Options>
+void add_keywords(const cli::OptionTable<Options>& table, std::vector<std::string>& out) {
+  for (const auto& row : table) out.push_back(row.keyword());
+}
+
+[[noreturn]] void unknown_option(const std::string& function, const std::string& key, std::vector<std::string> known) {
+  std::sort(known.begin(), known.end());
+  throw UsageError(fmt::format("{}() has no option '{}'; options: {}", function, key, fmt::join(known, ", ")));
+}
+
+// A field a library error names, as the keyword that sets it.
+std::string keyword_of_field(const std::string& field) {
+  const auto flag = cli::flag_for_field(field);
+  std::string k = flag.substr(flag.find_first_not_of('-'));
+  std::replace(k.begin(), k.end(), '-', '_');
+  return k;
+}
+
+[[noreturn]] void raise_usage_error(const std::string& message, const std::string& field) {
+  py::object cls = py::module_::import("ckcheck._model").attr("UsageError");
+  py::object error = cls(message);
+  error.attr("field") = field.empty() ? py::none() : py::cast(field);
+  PyErr_SetObject(cls.ptr(), error.ptr());
+  throw py::error_already_set();
+}
+
+// Runs `work` (with the GIL; it releases it for the run); its C++ errors reach Python as
+// ckcheck.UsageError (a FieldError's keyword in .field), a Python error as itself.
+template <class F>
+auto python_errors(F&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (py::error_already_set&) {
+    throw;
+  } catch (const FieldError& e) {
+    raise_usage_error(e.render(keyword_of_field), keyword_of_field(e.field()));
+  } catch (const c10::Error& e) {
+    raise_usage_error(e.what_without_backtrace(), "");
+  } catch (const std::exception& e) {
+    raise_usage_error(e.what(), "");
+  }
+}
+
+// (the report as JSON text, the console report's text)
+py::tuple report_texts(const Report& report) {
+  std::ostringstream console;
+  make_console_reporter(false)->write(report, console);
+  return py::make_tuple(report_json(report).dump(), console.str());
+}
+
+py::tuple run_options(py::object factory, const std::string& name, const py::dict& options) {
+  auto o = cli::default_run_options();
+  // A factory's name is the --model it was given as (and the reproduce line's); a factory object
+  // goes to the loader, under its name when that is one --model takes.
+  const bool named = py::isinstance<py::str>(factory);
+  o.model.model = named || cli::is_python_model(name) ? name : "ckcheck.run:model";
+  std::vector<std::string> known;
+  add_keywords(cli::model_option_table(), known);
+  add_keywords(cli::run_option_table(), known);
+  for (const auto& [knob, value] : o.knobs) known.push_back(knob);
+  known.erase(std::remove(known.begin(), known.end(), std::string("model")), known.end());  // the factory
+  for (auto& k : known) std::replace(k.begin(), k.end(), '-', '_');
+  for (const auto& [k, value] : options) {
+    const auto key = k.cast<std::string>();
+    const bool set = key != "model" && (set_option(cli::model_option_table(), o.model, key, value) ||
+                                        set_option(cli::run_option_table(), o, key, value) || set_knob(o, key, value));
+    if (!set) unknown_option("run", key, known);
+  }
+  const GivenModel given{std::move(factory), name};
+  if (!named) given_model = &given;
+  struct Reset {
+    ~Reset() { given_model = nullptr; }
+  } reset;
+  std::optional<Report> report;
+  {
+    py::gil_scoped_release released;
+    report = cli::run_in_process(o);
+  }
+  return report_texts(*report);
+}
+
+py::tuple validate_op_options(const py::dict& options) {
+  cli::ValidateOpOptions o;
+  std::vector<std::string> known;
+  add_keywords(cli::validate_op_option_table(), known);
+  for (const auto& [k, value] : options) {
+    const auto key = k.cast<std::string>();
+    if (!set_option(cli::validate_op_option_table(), o, key, value)) unknown_option("validate_op", key, known);
+  }
+  std::optional<Report> report;
+  {
+    py::gil_scoped_release released;
+    report = cli::validate_op_report(o);
+  }
+  return report_texts(*report);
+}
+
+py::tuple run(py::object factory, const std::string& name, const py::dict& options) {
+  return python_errors([&] { return run_options(std::move(factory), name, options); });
+}
+
+py::tuple validate_op(const py::dict& options) {
+  return python_errors([&] { return validate_op_options(options); });
 }
 
 }  // namespace
@@ -349,8 +562,17 @@ int cli_main(const std::vector<std::string>& args) {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ckcheck's C++ core: the runner, checks and reports, for eager PyTorch models";
+  ckcheck::python::install_hooks();
   m.def("set_status_fd", &ckcheck::set_status_fd, py::arg("fd"),
         "Tells a supervising ckcheck program, through this file descriptor, the phase of the run.");
   m.def("cli_main", &ckcheck::python::cli_main, py::arg("argv"),
         "Runs `ckcheck ARGV...` in this process (Python models allowed); returns the exit status.");
+  m.def("run", &ckcheck::python::run, py::arg("factory"), py::arg("name"), py::arg("options"),
+        "Checks the model a factory makes -- a callable (the report names it `name`) or its --model name -- "
+        "with `ckcheck run`'s options by keyword "
+        "(input_requires_grad=True, accumulate=2, ...); returns (report JSON text, console text). Raises "
+        "ckcheck.UsageError (.field: the keyword) for what cannot be checked.");
+  m.def("validate_op", &ckcheck::python::validate_op, py::arg("options"),
+        "Validates a custom op with `ckcheck validate-op`'s options by keyword (op=, shapes=, ...); returns "
+        "(report JSON text, console text).");
 }

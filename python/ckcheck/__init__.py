@@ -1,33 +1,34 @@
 """ckcheck for eager PyTorch models: is gradient checkpointing correct for this model?
 
     import ckcheck
-    report = ckcheck.run(model, (x,), checkpoint="torch")      # the JSON report, as a dict
+    report = ckcheck.run(model, (x,), checkpoint="torch")      # a ckcheck.Report
+    print(report.verdict, report.findings)
     ckcheck.assert_checkpoint_equivalent(model, (x,))           # in a pytest test
 
-The runner, the checks, the comparisons and the reports are ckcheck's C++ ones (ckcheck._core);
-this package only hands them the model. The model is restored to its state after the run.
+The runner, the checks, the comparisons and the reports are ckcheck's C++ ones (ckcheck._core),
+called with typed options: no command line, no file, no redirected output. The model is restored
+to its state after the run.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import os
-import sys
-import tempfile
 
 import torch  # noqa: F401  (LibTorch first: ckcheck._core links against it)
 
-from ckcheck import _core, _registry
+from ckcheck import _core
 from ckcheck._model import UsageError
+from ckcheck._report import Check, Finding, Report
 
-__all__ = ["run", "assert_checkpoint_equivalent", "validate_op", "main", "UsageError", "CheckpointMismatch"]
+__all__ = ["run", "check_factory", "assert_checkpoint_equivalent", "validate_op", "main", "Report", "Check", "Finding",
+           "UsageError", "CheckpointMismatch"]
 
 
 class CheckpointMismatch(AssertionError):
     """Checkpointing changes what the model computes; the message is ckcheck's console report."""
 
-    def __init__(self, message: str, report: dict):
+    def __init__(self, message: str, report: Report):
         super().__init__(message)
         self.report = report
 
@@ -35,28 +36,6 @@ class CheckpointMismatch(AssertionError):
 def main(argv) -> int:
     """Runs `ckcheck ARGV...` in this process; returns the exit status."""
     return _core.cli_main([str(a) for a in argv])
-
-
-def _captured(fn):
-    """Runs fn() with file descriptors 1 and 2 going to a temporary file (the report goes to the
-    caller as a dict, not to the terminal); returns (result, what was written)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            os.dup2(tmp.fileno(), 1)
-            os.dup2(tmp.fileno(), 2)
-            result = fn()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
-        tmp.seek(0)
-        return result, tmp.read().decode(errors="replace")
 
 
 def _factory(model, inputs, loss, enable, disable):
@@ -69,25 +48,6 @@ def _factory(model, inputs, loss, enable, disable):
                 d[key] = value
         return d
     return make
-
-
-def _report_of(argv):
-    """Runs `ckcheck ARGV` in this process and returns its JSON report, with the console text
-    under "console"; raises UsageError with ckcheck's one-line error."""
-    with tempfile.TemporaryDirectory(prefix="ckcheck-") as folder:
-        json_path = os.path.join(folder, "report.json")
-        text_path = os.path.join(folder, "report.txt")
-        full = list(argv) + ["--report", f"json={json_path}", "--report", f"console={text_path}"]
-        status, errors = _captured(lambda: main(full))
-        if status == 2 or not os.path.exists(json_path):
-            lines = [l for l in errors.splitlines() if l.startswith("ckcheck: error: ")]
-            message = lines[-1] if lines else f"ckcheck exited with status {status}: {errors.strip()[-300:]}"
-            raise UsageError(message.removeprefix("ckcheck: error: "))
-        with open(json_path) as f:
-            report = json.load(f)
-        with open(text_path) as f:
-            report["console"] = f.read()
-    return report
 
 
 def _op_name(op):
@@ -106,25 +66,30 @@ def _op_name(op):
                      "torch.library.custom_op returned, or 'namespace::name'")
 
 
-def validate_op(op, *, shapes=None, dtype="float32", seed=0, cases=10):
+def validate_op(op, *, shapes=None, dtype="float32", seed=0, cases=10, library=None, **options) -> Report:
     """Judges whether a custom op registered in this process (torch.library, or a TORCH_LIBRARY
-    library already loaded) is safe to recompute under a checkpoint, as `ckcheck validate-op` does,
-    and returns the report as a dict ("verdict": "pass" when safe; "checks"; "console").
+    library already loaded or named by library=) is safe to recompute under a checkpoint, as
+    `ckcheck validate-op` does; report.verdict is "pass" when it is.
 
     op: torch.ops.mylib.fused, torch.ops.mylib.fused.default, a torch.library.custom_op, or
         "mylib::fused". shapes: one shape per tensor argument, as "4x16,4x16" or [(4, 16), (4, 16)].
+    options: more of validate-op's options by name (import_="mypkg.ops" is `--import`).
     """
-    argv = ["validate-op", "--op", _op_name(op), "--dtype", dtype, "--seed", str(seed), "--cases", str(cases)]
+    given = {"op": _op_name(op), "dtype": dtype, "seed": seed, "cases": cases, **options}
     if shapes:
-        text = shapes if isinstance(shapes, str) else ",".join("x".join(str(int(d)) for d in s) for s in shapes)
-        argv += ["--shapes", text]
-    return _report_of(argv)
+        given["shapes"] = shapes if isinstance(shapes, str) else ",".join("x".join(str(int(d)) for d in s) for s in shapes)
+    if library is not None:
+        given["library"] = str(library)
+    if "import_" in given:
+        given["import"] = given.pop("import_")
+    data, console = _core.validate_op(given)
+    return Report(json.loads(data), console)
 
 
 def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", seed=0,
         steps=1, checks=None, tolerance="bitwise", loss=None, enable=None, disable=None,
-        preserve_rng_state=True, args=()):
-    """Checks `model` (an nn.Module) on `inputs` and returns ckcheck's report as a dict.
+        preserve_rng_state=True, **options) -> Report:
+    """Checks `model` (an nn.Module) on `inputs` and returns ckcheck's Report.
 
     inputs: a tensor, a tuple/list of positional arguments or a dict of keyword arguments.
     sites: globs over named_modules() paths (default: the model's blocks).
@@ -132,52 +97,66 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     checkpoint: "auto" (the model's own switch when it has one, else "torch"), "ckcheck",
         "torch" (torch.utils.checkpoint, use_reentrant=False), "torch-reentrant" or "model"
         (the model's own gradient_checkpointing_enable() or set_grad_checkpointing()).
-    inputs keep their requires_grad; pass args=["--input-requires-grad"] to compare input gradients.
     loss: loss(output) -> tensor(s) to differentiate (default: every floating-point output).
     enable/disable: the model's own checkpointing switch, for checkpoint="model".
-    args: more `ckcheck run` arguments, as on the command line.
-    The report has "verdict" ("pass", "fail" or "error"), "checks" (id, status, summary,
-    findings with site, cause and hint), "tensors" and "console" (the console report's text).
-    Raises UsageError (one line) for what cannot be checked.
+    options: any other `ckcheck run` option by its name with '_' for '-', with a value of its
+        type: input_requires_grad=True (inputs keep their requires_grad unless it is given),
+        accumulate=2, diagnose=True, bench=True, restore_buffers=True, lr=0.1, a check's knob
+        (amp_error_factor=4), ...
+    report.verdict is "pass", "fail" or "error"; report.checks and report.findings say what and
+    where, each finding with its cause and hint; str(report) is the console report.
+    Raises UsageError (one line; .field names the argument) for what cannot be checked.
     """
-    spec = _registry.add(_factory(model, inputs, loss, enable, disable))
-    argv = ["run", "--model", spec, "--policy", policy, "--seed", str(seed), "--steps", str(steps),
-            "--checkpoint", checkpoint, "--tolerance", tolerance]
-    if sites:
-        argv += ["--sites", ",".join([sites] if isinstance(sites, str) else sites)]
-    if checks:
-        argv += ["--checks", ",".join([checks] if isinstance(checks, str) else checks)]
-    if not preserve_rng_state:
-        argv.append("--no-preserve-rng")
-    argv += [str(a) for a in args]
-    try:
-        report = _report_of(argv)
-    finally:
-        _registry.remove(spec)
-    # The command line names a factory that lived only during this call: reproduce with the call.
-    given = dict(sites=sites, policy=policy, checkpoint=report.get("config", {}).get("checkpoint", checkpoint),
-                 seed=seed, steps=steps, checks=checks, tolerance=tolerance, loss=loss, enable=enable,
-                 disable=disable, preserve_rng_state=preserve_rng_state, args=tuple(args))
-    call = _python_call(model, inputs, given)
+    given = dict(sites=sites, policy=policy, checkpoint=checkpoint, seed=seed, steps=steps, checks=checks,
+                 tolerance=tolerance, no_preserve_rng=not preserve_rng_state, **options)
+    cls = type(model)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    data, console = _core.run(_factory(model, inputs, loss, enable, disable), name,
+                              {k: v for k, v in given.items() if v is not None})
+    report = json.loads(data)
+    # The command line names a factory that lives only during this call: reproduce with the call.
+    call = _python_call(model, inputs, dict(sites=sites, policy=policy,
+                                            checkpoint=report.get("config", {}).get("checkpoint", checkpoint),
+                                            seed=seed, steps=steps, checks=checks, tolerance=tolerance, loss=loss,
+                                            enable=enable, disable=disable, preserve_rng_state=preserve_rng_state),
+                        options)
     command = report.get("reproduce", "")
     report["reproduce"] = call
     if command:
-        report["console"] = report["console"].replace(f"reproduce: {command}", f"reproduce: {call}")
-    # ... and the model by its class, not by that factory's name.
-    cls = type(model)
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    if report.get("model", {}).get("name") == spec:
-        report["model"]["name"] = name
-    report["console"] = report["console"].replace(f"model {spec},", f"model {name},")
-    return report
+        console = console.replace(f"reproduce: {command}", f"reproduce: {call}")
+    return Report(report, console)
 
 
-def _python_call(model, inputs, given) -> str:
+def check_factory(factory, *, checkpoint="auto", **options) -> Report:
+    """Checks the model a factory makes, as `ckcheck run --model FACTORY` does, and returns the
+    Report. factory: a callable returning an nn.Module, (module, inputs[, loss]) or a dict with
+    model and any of inputs, args, kwargs, loss, enable, disable; or its name,
+    "package.module:callable" or "FILE.py[:callable]" (then the report's reproduce line is the
+    ckcheck command). options: ckcheck.run's keywords (sites, policy, seed, ...)."""
+    if not (callable(factory) or isinstance(factory, str)):
+        raise UsageError(f"check_factory: {factory!r} is neither a callable nor 'package.module:callable'")
+    module = getattr(factory, "__module__", None) or ""
+    qualname = getattr(factory, "__qualname__", type(factory).__name__)
+    # An importable factory is named as --model names it, and the reproduce line is the command.
+    importable = module not in ("", "__main__") and "<" not in qualname and "." not in qualname
+    name = factory if isinstance(factory, str) else f"{module}:{qualname}" if importable else f"{module}.{qualname}"
+    data, console = _core.run(factory, name, {"checkpoint": checkpoint,
+                                              **{k: v for k, v in options.items() if v is not None}})
+    report = json.loads(data)
+    if not (isinstance(factory, str) or importable):
+        call = f"ckcheck.check_factory(factory, checkpoint={report['config']['checkpoint']!r}" + \
+            "".join(f", {k}={v!r}" for k, v in options.items()) + f")  # factory: {name}"
+        console = console.replace(f"reproduce: {report['reproduce']}", f"reproduce: {call}")
+        report["reproduce"] = call
+    return Report(report, console)
+
+
+def _python_call(model, inputs, given, options) -> str:
     """The ckcheck.run call that reproduces a report, with the model's class named."""
     parts = ["model"] + ([] if inputs is None else ["inputs"])
     defaults = {name: p.default for name, p in inspect.signature(run).parameters.items()}
-    for key, value in given.items():
-        if value == defaults[key] and key not in ("checkpoint", "policy", "seed"):
+    for key, value in [*given.items(), *options.items()]:
+        if key in defaults and value == defaults[key] and key not in ("checkpoint", "policy", "seed"):
             continue
         if callable(value):
             value = getattr(value, "__qualname__", type(value).__name__)
@@ -188,11 +167,11 @@ def _python_call(model, inputs, given) -> str:
     return f"ckcheck.run({', '.join(parts)})  # model: {cls.__module__}.{cls.__qualname__}"
 
 
-def assert_checkpoint_equivalent(model, inputs=None, **kwargs):
+def assert_checkpoint_equivalent(model, inputs=None, **kwargs) -> Report:
     """Fails (CheckpointMismatch, an AssertionError) unless checkpointing `model` changes nothing:
     gradients, outputs, state and every hazard check, as `ckcheck.run` with the same arguments.
     Warnings do not fail. Returns the report."""
     report = run(model, inputs, **kwargs)
-    if report.get("verdict") != "pass":
-        raise CheckpointMismatch(report["console"], report)
+    if report.verdict != "pass":
+        raise CheckpointMismatch(report.console, report)
     return report

@@ -32,7 +32,10 @@ _SCALARS = (bool, int, float, str, type(None))
 
 
 class UsageError(Exception):
-    """What the user must fix; ckcheck prints it on one line and exits with status 2."""
+    """What the user must fix, in one line; the ckcheck command prints it and exits with status 2.
+    field: the argument it is about (a keyword of ckcheck.run, as "sites"), or None."""
+
+    field = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,8 +207,10 @@ def _option_inputs(opts: dict):
     return (opts["tensor"],)
 
 
-def load(spec: str, seed: int, input_opts: dict, checkpoint: str, mode: str) -> "ModelAdapter":
-    factory = _import_factory(spec)
+def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str) -> "ModelAdapter":
+    """The adapter of the model a factory makes: `spec` names it (FILE.py[:CALLABLE],
+    package.module:CALLABLE) or is the factory itself."""
+    factory = spec if callable(spec) else _import_factory(spec)
     torch.manual_seed(seed)  # the model's random weights follow --seed
     try:
         result = factory()
@@ -224,7 +229,7 @@ def load(spec: str, seed: int, input_opts: dict, checkpoint: str, mode: str) -> 
         module.eval()
     switch = own_switch(module, enable, disable)
     checkpoint, reason = choose_checkpoint(checkpoint, switch)
-    name = spec
+    name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "model")
     return ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason)
 
 

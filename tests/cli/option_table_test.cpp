@@ -5,6 +5,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cli/app.h"
 #include "cli/bench.h"
@@ -110,6 +111,27 @@ TEST(FieldErrors, ACommandLineErrorNamesTheFlag) {
   EXPECT_EQ(status, 2);
   EXPECT_NE(err.find("--sites 'nothing.here' matches no site of model mlp"), std::string::npos) << err;
   EXPECT_EQ(err.find('@'), std::string::npos) << err;
+}
+
+// A keyword front end (the Python binding) reaches every row by the flag's words and sets its
+// field as its own type; the row's check still applies to the value's text.
+TEST(OptionTable, EveryRowIsReachedByItsKeyword) {
+  for (const auto& row : cli::run_option_table()) {
+    EXPECT_EQ(cli::row_of_keyword(cli::run_option_table(), row.keyword()), &row) << row.flag();
+    EXPECT_EQ(row.keyword().find('-'), std::string::npos) << row.flag();
+  }
+  EXPECT_EQ(cli::row_of_keyword(cli::run_option_table(), "no_such_option"), nullptr);
+  const auto* accumulate = cli::row_of_keyword(cli::run_option_table(), "accumulate");
+  ASSERT_NE(accumulate, nullptr);
+  cli::RunOptions o;
+  accumulate->visit_field(o, [](auto& field) {
+    using T = std::decay_t<decltype(field)>;
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) field = 3;
+  });
+  EXPECT_EQ(o.config.accumulate, 3);
+  EXPECT_EQ(accumulate->check_text("4"), "");
+  EXPECT_NE(accumulate->check_text("0"), "");  // the command line's range, for keywords too
+  EXPECT_EQ(cli::row_of_keyword(cli::model_option_table(), "input_requires_grad")->flag(), "--input-requires-grad");
 }
 
 }  // namespace

@@ -46,3 +46,16 @@ def ckcheck(tmp_path):
 def fixture(name):
     """fixtures/python/NAME, as an absolute path (NAME may end in :factory)."""
     return os.path.join(FIXTURES, name)
+
+
+def twin(name):
+    """fixtures/python/twins.py's factory NAME called (weights from seed 0): (model, inputs)."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("twins", fixture("twins.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    return getattr(module, name)()

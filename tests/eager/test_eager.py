@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ckcheck
-from conftest import fixture
+from conftest import fixture, twin
 
 has_transformers = importlib.util.find_spec("transformers") is not None
 has_peft = importlib.util.find_spec("peft") is not None
@@ -112,17 +112,9 @@ def test_lora_gets_no_gradient_only_under_the_reentrant_checkpoint(ckcheck, mode
 
 
 # ---- the Python package ------------------------------------------------------------------------
-def _twin(name):
-    spec = importlib.util.spec_from_file_location("twins", fixture("twins.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    torch.manual_seed(0)
-    return getattr(module, name)()
-
-
 @pytest.mark.parametrize("checkpoint", ["ckcheck", "torch", "torch-reentrant"])
 def test_assert_checkpoint_equivalent_passes_a_correct_model(checkpoint):
-    model, x = _twin("mlp")
+    model, x = twin("mlp")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     report = ckcheck.assert_checkpoint_equivalent(model, (x,), checkpoint=checkpoint)
     assert report["verdict"] == "pass"
@@ -130,7 +122,7 @@ def test_assert_checkpoint_equivalent_passes_a_correct_model(checkpoint):
 
 
 def test_assert_checkpoint_equivalent_fails_with_the_console_report():
-    model, x = _twin("faulty_stateful_counter")
+    model, x = twin("faulty_stateful_counter")
     with pytest.raises(ckcheck.CheckpointMismatch) as caught:
         ckcheck.assert_checkpoint_equivalent(model, (x,), checkpoint="torch")
     text = str(caught.value)
@@ -139,14 +131,14 @@ def test_assert_checkpoint_equivalent_fails_with_the_console_report():
 
 
 def test_run_returns_the_report_with_sites_and_keyword_inputs():
-    model, ids = _twin("transformer")
+    model, ids = twin("transformer")
     report = ckcheck.run(model, {"ids": ids}, sites="blocks.*.attn", checkpoint="torch")
     assert report["verdict"] == "pass"
     assert report["model"]["checkpointed"] == ["blocks.0.attn", "blocks.1.attn"]
 
 
 def test_a_reports_reproduce_line_is_the_call_that_reproduces_it():
-    model, x = _twin("faulty_stateful_counter")
+    model, x = twin("faulty_stateful_counter")
     report = ckcheck.run(model, (x,), checkpoint="torch", sites=["blocks.*"], seed=3)
     call = report["reproduce"]
     assert call.startswith("ckcheck.run(model, inputs, ") and "_registry" not in call, call
@@ -159,7 +151,7 @@ def test_a_reports_reproduce_line_is_the_call_that_reproduces_it():
 
 
 def test_run_refuses_what_cannot_be_checked_in_one_line():
-    model, x = _twin("mlp")
+    model, x = twin("mlp")
     with pytest.raises(ckcheck.UsageError, match="no site"):
         ckcheck.run(model, (x,), sites="nothing.here")
     with pytest.raises(ckcheck.UsageError, match="floating-point"):
@@ -231,7 +223,7 @@ def test_bench_measures_a_python_model_under_each_policy(ckcheck):
 
 
 def test_run_writes_nothing_to_the_terminal(capfd):
-    model, x = _twin("mlp")
+    model, x = twin("mlp")
     ckcheck.run(model, (x,))
     out, err = capfd.readouterr()
     assert out == "" and err == ""

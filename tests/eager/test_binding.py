@@ -1,0 +1,122 @@
+"""ckcheck.run and ckcheck.validate_op call the C++ core with typed options: no command line, no
+file, no redirected output; they return a Report and raise UsageError naming the argument."""
+
+import json
+import os
+import tempfile
+
+import pytest
+
+import ckcheck
+from conftest import fixture, twin
+
+
+def _forbidden(*_, **__):
+    raise AssertionError("ckcheck wrote a temporary file")
+
+
+def _without_redirection(call):
+    """call(), failing if it redirects a file descriptor (os.dup2) meanwhile."""
+    redirected = []
+    dup2 = os.dup2
+    os.dup2 = lambda *a, **k: redirected.append(a) or dup2(*a, **k)
+    try:
+        result = call()
+    finally:
+        os.dup2 = dup2
+    assert redirected == [], f"ckcheck redirected file descriptors: {redirected}"
+    return result
+
+
+def test_run_makes_no_file_and_leaves_stdout_alone(tmp_path, monkeypatch, capfd):
+    model, x = twin("faulty_stateful_counter")
+    work, temp = tmp_path / "work", tmp_path / "temp"
+    work.mkdir()
+    temp.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    for name in ("TemporaryFile", "NamedTemporaryFile", "TemporaryDirectory", "mkstemp", "mkdtemp"):
+        monkeypatch.setattr(tempfile, name, _forbidden)
+    stdout = os.sys.stdout
+    report = _without_redirection(lambda: ckcheck.run(model, (x,), checkpoint="torch"))
+    assert report.verdict == "fail"  # a real run: its finding below
+    assert os.sys.stdout is stdout
+    # PyTorch's own cache folder (torchinductor_USER) may appear in TMPDIR; nothing of ckcheck's.
+    assert list(work.iterdir()) == [] and [p for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_the_report_has_its_fields_as_attributes():
+    model, x = twin("faulty_stateful_counter")
+    report = ckcheck.run(model, (x,), checkpoint="torch")
+    assert isinstance(report, ckcheck.Report) and not report.passed
+    stateful = report.check("stateful") or next(c for c in report.checks if c.status == "fail")
+    assert stateful.status == "fail" and stateful.findings
+    finding = report.findings[0]
+    assert isinstance(finding, ckcheck.Finding)
+    assert finding.site == "blocks.1" and finding.cause and finding.hint
+    assert str(report) == report.console and "FAIL" in report.console
+    data = report.to_dict()
+    assert data["verdict"] == "fail" and data["console"] == report.console
+    assert json.loads(report.to_json())["checks"] == data["checks"]
+    assert report["verdict"] == report.verdict  # the JSON report as a mapping still reads
+    assert report.check("no-such-check") is None
+
+
+def test_a_correct_model_passes_with_attributes():
+    model, x = twin("mlp")
+    report = ckcheck.run(model, (x,), checkpoint="torch")
+    assert report.verdict == "pass" and report.passed and report.findings == []
+    assert report.model["name"].endswith(type(model).__qualname__)
+
+
+def test_options_by_keyword_are_the_command_lines_options(request):
+    """The binding sets the rows the command line sets: the same options give the same config."""
+    command = request.getfixturevalue("ckcheck")  # the ckcheck program (conftest)
+    model, x = twin("mlp")
+    given = dict(checkpoint="torch", accumulate=2, lr=0.5, restore_buffers=True, input_requires_grad=True,
+                 checks=["gradients", "buffers"], amp_error_factor=4.0)
+    report = ckcheck.run(model, (x,), **given)
+    cli = command("run", "--model", fixture("twins.py:mlp"), "--checkpoint", "torch", "--accumulate", "2", "--lr", "0.5",
+                  "--restore-buffers", "--input-requires-grad", "--checks", "gradients,buffers",
+                  "--amp-error-factor", "4")
+    assert cli.code == 0, cli.out + cli.err
+    assert report.verdict == "pass"
+    ignore = {"checkpoint_reason"}
+    assert {k: v for k, v in report.config.items() if k not in ignore} == \
+        {k: v for k, v in cli.report["config"].items() if k not in ignore}
+    assert [c.id for c in report.checks] == [c["id"] for c in cli.report["checks"]]
+    defaults = ckcheck.run(model, (x,), checkpoint="torch", checks="gradients")
+    assert defaults.config["accumulate"] == 1 and defaults.config["restore_buffers"] is False  # control
+
+
+@pytest.mark.parametrize("given, field, words", [
+    (dict(sites=3), "sites", "a string or a list of strings"),
+    (dict(accumulate="2"), "accumulate", "a whole number"),
+    (dict(seed=-1), "seed", "out of range"),
+    (dict(steps=0), "steps", "steps"),
+    (dict(amp_error_factor=-1.0), "amp_error_factor", "at least"),
+    (dict(restore_buffers="yes"), "restore_buffers", "True or False"),
+    (dict(timeout=5), "timeout", "ckcheck run --timeout"),
+    (dict(world_size=2), "world_size", "ckcheck run --world-size"),
+    (dict(sites="nothing.here"), "sites", "matches no site"),
+    (dict(no_such_option=1), None, "has no option 'no_such_option'; options: accumulate"),
+])
+def test_a_bad_argument_is_a_usage_error_naming_it(given, field, words):
+    model, x = twin("mlp")
+    with pytest.raises(ckcheck.UsageError) as caught:
+        ckcheck.run(model, (x,), **given)
+    assert caught.value.field == field
+    assert words in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_validate_op_returns_a_report_without_files(monkeypatch):
+    for name in ("TemporaryFile", "TemporaryDirectory", "mkstemp", "mkdtemp"):
+        monkeypatch.setattr(tempfile, name, _forbidden)
+    report = _without_redirection(lambda: ckcheck.validate_op("aten::relu", shapes=[(4, 8)]))
+    assert report.verdict == "pass" and report.model["name"] == "aten::relu"
+    with pytest.raises(ckcheck.UsageError) as caught:
+        ckcheck.validate_op("aten::relu", cases=0)
+    assert caught.value.field == "cases"

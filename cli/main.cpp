@@ -29,9 +29,12 @@ std::string model_arg(const std::vector<std::string>& args) {
 int run_in_python(const std::vector<std::string>& args) {
   const char* configured = std::getenv("CKCHECK_PYTHON");
   const std::string python = configured && *configured ? configured : CKCHECK_PYTHON_EXECUTABLE;
-  std::string path = CKCHECK_PYTHON_PACKAGE_DIR;
-  if (const char* old = std::getenv("PYTHONPATH"); old && *old) path += std::string(":") + old;
-  setenv("PYTHONPATH", path.c_str(), 1);
+  // The package beside this build; an installed ckcheck (its `ckcheck` command) names its own,
+  // or none ("") where the Python finds it by itself.
+  const char* package = std::getenv("CKCHECK_PYTHON_PACKAGE_DIR");
+  std::string path = package ? package : CKCHECK_PYTHON_PACKAGE_DIR;
+  if (const char* old = std::getenv("PYTHONPATH"); old && *old) path += (path.empty() ? "" : ":") + std::string(old);
+  if (!path.empty()) setenv("PYTHONPATH", path.c_str(), 1);
   // The Python side reads its environment once, at start: --verbose must be there before.
   if (std::find(args.begin(), args.end(), "--verbose") != args.end()) setenv("CKCHECK_VERBOSE", "1", 1);
   return ckcheck::cli::run_python_child(python, args);

@@ -13,12 +13,12 @@ from conftest import ROOT, ckcheck_bin
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """pip install --no-build-isolation ./python into a folder: (its path, the environment)."""
+    """pip install --no-build-isolation . (the repository) into a folder: (its path, the environment)."""
     env = dict(os.environ, CKCHECK_BUILD_DIR=os.path.dirname(os.path.abspath(ckcheck_bin())))
     env.pop("PYTHONPATH", None)
     target = tmp_path_factory.mktemp("site")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(target), os.path.join(ROOT, "python")],
+                    "--disable-pip-version-check", "--target", str(target), ROOT],
                    check=True, env=env, capture_output=True, timeout=900)
     return target, dict(env, PYTHONPATH=str(target))
 

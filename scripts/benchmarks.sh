@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The figures in the README, measured in one run on this machine: ckcheck bench on the
+# The figures in docs/bench.md (and the README's summary), measured in one run on this machine: ckcheck bench on the
 # transformer and convnet fixtures, the checkpoint machinery's own cost per call, the
 # comparison with torch.utils.checkpoint, and what a check costs in plain steps. Writes them to ./benchmarks/ (reports) and prints them.
 set -euo pipefail

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """ckcheck's verdict on real eager models under each --checkpoint mode, beside what PyTorch itself
-does, as a Markdown table (the README's table comes from here).
+does, as a Markdown table (docs/python.md's table comes from here).
 
     .venv/bin/python scripts/eager_verdicts.py [--ckcheck build/ckcheck]
 

@@ -152,7 +152,7 @@ def test_mixtral_with_router_jitter_under_its_own_switch_passes(ckcheck):
     assert r.check("input-mutation")["status"] == "pass"
 
 
-# ---- PyTorch's errors mapped to causes (each row of the README's table, triggered for real) ----
+# ---- PyTorch's errors mapped to causes (each row of docs/python.md's table, triggered for real) ----
 ERROR_ROWS = [
     # (factory, --checkpoint, PyTorch's message, cause, site)
     ("changes_a_block_input", "torch-reentrant", "modified by an inplace operation", "in-place", "blocks.0"),

@@ -181,7 +181,7 @@ TEST(Recommend, SameAdviceQuietAndUnderLoad) {
   }
   EXPECT_EQ(advice.size(), 1u) << ::testing::PrintToString(advice);
   // The negative control: ranking on interval overlap alone (a resolution of 0) did change the
-  // advice on these runs -- segments:sqrt quiet, every:4 under load (see the README).
+  // advice on these runs -- segments:sqrt quiet, every:4 under load (see docs/bench.md).
 }
 
 TEST(Recommend, TooNoisyKeepsOnlyTheMemoryVerdict) {

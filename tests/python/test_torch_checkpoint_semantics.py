@@ -1,8 +1,8 @@
 """What torch.utils.checkpoint (the installed torch 2.x) does in the cases where checkpointing goes
 wrong silently, in both modes, each compared with the same computation without checkpointing.
 
-The outcome of each case is asserted, so that the README's table "Where PyTorch 2.x and ckcheck
-differ" stays what this test measures; ckcheck's own column is asserted by the C++ tests named in
+The outcome of each case is asserted, so that the table of docs/cpp.md ("The checkpoint's
+contract, and where it differs from PyTorch's") stays what this test measures; ckcheck's own column is asserted by the C++ tests named in
 that table (tests/harness/checkpoint_test.cpp, checkpoint_conformance_test.cpp).
 
     .venv/bin/python -m pytest tests/python/test_torch_checkpoint_semantics.py -q

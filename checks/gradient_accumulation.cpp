@@ -22,19 +22,14 @@ constexpr CauseWord kAccumulatedGradWord{
 const Cause kAccumulatedGrad{kAccumulatedGradWord};
 
 // For each parameter whose summed gradient differs, the first micro-batch after which its
-// accumulated gradient differs (from the partial-sum records, "NAME after micro-batch K"; the number
-// of micro-batches when only the sum does).
+// accumulated gradient differs (from the partial-sum records, each with its parameter and
+// micro-batch; the number of micro-batches when only the sum does).
 std::map<std::string, int64_t> first_differing_micro_batch(const CheckContext& ctx) {
-  static const std::string marker = " after micro-batch ";
   std::map<std::string, int64_t> first;
   for (const auto& d : ctx.diffs) {
     if (d.kind != kPartialGradKind || d.equal) continue;
-    const auto at = d.name.rfind(marker);
-    if (at == std::string::npos) continue;
-    const auto param = d.name.substr(0, at);
-    const int64_t micro_batch = std::stoll(d.name.substr(at + marker.size()));
-    auto it = first.find(param);
-    if (it == first.end() || micro_batch < it->second) first[param] = micro_batch;
+    auto it = first.find(d.parameter);
+    if (it == first.end() || d.micro_batch < it->second) first[d.parameter] = d.micro_batch;
   }
   // Equal after every micro-batch but the last: the sum is the first to differ.
   for (const auto& d : ctx.diffs) {

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <iostream>
 
-#include "harness/analyses/bench.h"
+#include "analyses/bench.h"
 #include "cli/supervise.h"
 #include "harness/support/errors.h"
 #include "harness/support/text.h"

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <iostream>
 
-#include "harness/analyses/diagnose.h"
-#include "harness/analyses/session.h"
+#include "analyses/diagnose.h"
+#include "analyses/session.h"
 #include "cli/supervise.h"
 #include "harness/support/errors.h"
 
@@ -51,6 +51,7 @@ int run_diagnose(const RunOptions& o) {
   report.tensors = outcome.diffs;
   report.verdict = d.diverges || d.non_finite ? Verdict::kFail : Verdict::kPass;
   report.diagnosis = d;
+  speak_of_the_checkpoint(checkpoint.name, report);
   report.config = run_report_config(o, plan, config, tolerance, nullptr, select_checks({}), checkpoint);
   auto cmd = run_command_line(o);
   report.reproduce = "ckcheck diagnose" + cmd.substr(std::string("ckcheck run").size());

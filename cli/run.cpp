@@ -12,8 +12,8 @@
 
 #include "cli/launch.h"
 #include "cli/option_table.h"
-#include "harness/analyses/diagnose.h"
-#include "harness/analyses/session.h"
+#include "analyses/diagnose.h"
+#include "analyses/session.h"
 #include "harness/runner/data_parallel.h"
 #include "cli/supervise.h"
 #include "harness/support/errors.h"
@@ -195,15 +195,24 @@ std::optional<std::string> torch_user_hint(const Cause& cause) {
   return std::nullopt;
 }
 
-void speak_of_the_checkpoint(const std::string& checkpoint, std::vector<CheckResult>& results) {
+}  // namespace
+
+void speak_of_the_checkpoint(const std::string& checkpoint, Report& report) {
   if (checkpoint == "ckcheck") return;
-  for (auto& r : results) {
-    for (auto& f : r.findings) {
-      if (f.hint != fix_hint(f.cause)) continue;  // a check's own hint already speaks of the case
-      if (auto hint = torch_user_hint(f.cause)) f.hint = *hint;
-    }
+  // A check's own hint (one that is not its cause's default) already speaks of the case.
+  auto rewrite = [](const Cause& cause, std::string& hint) {
+    if (hint != fix_hint(cause)) return;
+    if (auto torch_hint = torch_user_hint(cause)) hint = *torch_hint;
+  };
+  for (auto& r : report.checks) {
+    for (auto& f : r.findings) rewrite(f.cause, f.hint);
+  }
+  if (report.diagnosis) {
+    for (auto& s : report.diagnosis->sites) rewrite(s.cause, s.hint);
   }
 }
+
+namespace {
 
 // Starts the ranks of a data-parallel run from this process, after the checks that need no rank.
 int launch(const RunOptions& o, Model& model, const RunConfig& config) {
@@ -345,7 +354,6 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
   report.command = "run";
   report.model = model_info(*model, plan, checkpoint, runner.config());
   report.checks = outcome.results;
-  speak_of_the_checkpoint(checkpoint.name, report.checks);
   report.tensors = outcome.diffs;
   report.verdict = verdict_of(report.checks);
   report.reproduce = run_command_line(o);
@@ -353,6 +361,7 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
   if (o.diagnose && report.verdict != Verdict::kPass) {
     report.diagnosis = diagnose(runner, plan, tolerance, outcome);
   }
+  speak_of_the_checkpoint(checkpoint.name, report);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "cli/common.h"
-#include "harness/analyses/validate_op.h"
+#include "analyses/validate_op.h"
 #include "cli/supervise.h"
 #include "harness/support/errors.h"
 

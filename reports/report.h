@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "checks/check.h"
-#include "harness/analyses/bench.h"
-#include "harness/analyses/diagnose.h"
-#include "harness/analyses/session.h"
-#include "harness/analyses/validate_op.h"
+#include "analyses/bench.h"
+#include "analyses/diagnose.h"
+#include "analyses/session.h"
+#include "analyses/validate_op.h"
 #include "harness/runner/compare.h"
 
 namespace ckcheck {

@@ -108,7 +108,7 @@ bool TensorDiff::operator==(const TensorDiff& o) const {
          mismatched == o.mismatched && first_index == o.first_index &&
          nonfinite_reference == o.nonfinite_reference &&
          nonfinite_checkpointed == o.nonfinite_checkpointed && missing == o.missing &&
-         note == o.note;
+         note == o.note && parameter == o.parameter && micro_batch == o.micro_batch;
 }
 
 std::ostream& operator<<(std::ostream& os, const TensorDiff& d) {

@@ -42,6 +42,9 @@ struct TensorDiff {
   int64_t nonfinite_checkpointed = 0;
   std::string missing = "none";  // none, reference, checkpointed (the side that has no tensor)
   std::string note;              // a shape or dtype difference, in words
+  // A partial gradient's parameter and micro-batch (TensorRecord's), for the checks.
+  std::string parameter;
+  int64_t micro_batch = 0;
 
   bool operator==(const TensorDiff& o) const;
 };

@@ -518,7 +518,10 @@ void keep_input_grads(std::vector<TensorRecord>& kept, const std::vector<Tensor>
 // Parameter gradients as they stand after a micro-batch that is not the step's last.
 void record_partial_grads(StepRecord& record, const NamedTensors& params, int64_t step, int64_t micro_batch) {
   for (const auto& [name, p] : params) {
-    record.tensors.push_back({fmt::format("{} after micro-batch {}", name, micro_batch), kPartialGradKind, step, copy_of(p.grad())});
+    TensorRecord r{fmt::format("{} after micro-batch {}", name, micro_batch), kPartialGradKind, step, copy_of(p.grad())};
+    r.parameter = name;
+    r.micro_batch = micro_batch;
+    record.tensors.push_back(std::move(r));
   }
 }
 

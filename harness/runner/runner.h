@@ -68,6 +68,10 @@ struct TensorRecord {
   int64_t step = 1;
   torch::Tensor value;  // undefined when there is none (a parameter without gradient)
   bool requires_grad = false;  // outputs: whether the step's output carried a graph
+  // kPartialGradKind: the parameter whose gradient it is and the micro-batch after which it was
+  // taken (the name says both, for people; the checks read these).
+  std::string parameter;
+  int64_t micro_batch = 0;
 };
 
 /// What one checkpointed call showed during a recorded step.
@@ -109,7 +113,8 @@ struct HookCount {
 };
 
 /// The record kind of a parameter's gradient as it stands after each micro-batch but the last
-/// (under gradient accumulation), named "NAME after micro-batch K".
+/// (under gradient accumulation), named "NAME after micro-batch K" (TensorRecord::parameter and
+/// micro_batch hold NAME and K).
 constexpr const char* kPartialGradKind = "param-grad-partial";
 
 struct StepRecord {

@@ -1,6 +1,6 @@
 // ckcheck diagnose on every planted fault: the right site, the first divergent op, the right cause;
 // the NaN origin; and nothing on a clean model.
-#include "harness/analyses/diagnose.h"
+#include "analyses/diagnose.h"
 
 #include <gtest/gtest.h>
 

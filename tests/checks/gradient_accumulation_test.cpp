@@ -17,8 +17,9 @@ struct Accumulated : testing::HandBuiltRecords {
     const std::string name = "blocks.1.fc1.weight";
     auto g1 = torch::linspace(-1.0, 1.0, 16, torch::kFloat);
     auto sum = g1 * 2;
-    records.reference.tensors = {{name + " after micro-batch 1", kPartialGradKind, 1, g1}, {name, "param-grad", 1, sum}};
-    records.checkpointed.tensors = {{name + " after micro-batch 1", kPartialGradKind, 1, g1 + after_first},
+    records.reference.tensors = {{name + " after micro-batch 1", kPartialGradKind, 1, g1, false, name, 1},
+                                 {name, "param-grad", 1, sum}};
+    records.checkpointed.tensors = {{name + " after micro-batch 1", kPartialGradKind, 1, g1 + after_first, false, name, 1},
                                     {name, "param-grad", 1, sum + in_sum}};
     for (int64_t mb : {1, 2}) {
       records.reference.hooks.push_back({name, 1, 1, mb});

@@ -2,7 +2,7 @@
 // input, and drawing random numbers from the default generator (safe with the RNG replayed).
 #include <fmt/ranges.h>
 
-#include "harness/analyses/validate_op.h"
+#include "analyses/validate_op.h"
 
 #include <gtest/gtest.h>
 

@@ -42,3 +42,19 @@ def test_a_buffer_update_hint_speaks_of_the_checkpoint_under_test(ckcheck):
             assert "is_recomputing" not in hint, hint
     # negative control: under ckcheck's own checkpoint its --restore-buffers is the fix
     assert all("--restore-buffers" in h for h in hints("ckcheck"))
+
+
+def test_a_diagnosis_speaks_of_the_checkpoint_under_test(ckcheck):
+    """diagnose (and run --diagnose) give the diagnosed site the fix of the checkpoint under test."""
+    def site_hints(*args):
+        r = ckcheck(*args, "--model", fixture("twins.py:faulty_stateful_counter"))
+        assert r.code == 1, r.out + r.err
+        sites = [s for s in r.report["diagnosis"]["sites"] if s["cause"] == "stateful"]
+        assert sites, r.out
+        return [s["hint"] for s in sites]
+
+    for args in (("diagnose", "--checkpoint", "torch"), ("run", "--diagnose", "--checkpoint", "torch-reentrant")):
+        for hint in site_hints(*args):
+            assert "torch.utils.checkpoint" in hint and "is_recomputing" not in hint, (args, hint)
+    # negative control: ckcheck's own checkpoint offers is_recomputing()
+    assert all("is_recomputing" in h for h in site_hints("diagnose", "--checkpoint", "ckcheck"))

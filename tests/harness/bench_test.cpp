@@ -1,7 +1,7 @@
 // ckcheck bench: the analytic memory, the recommendation logic on given measurements, and the
 // measurement's deterministic parts (allocation sizes, never timings).
 #include <set>
-#include "harness/analyses/bench.h"
+#include "analyses/bench.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 
 #include "ckcheck/checkpoint.h"
 #include "fixtures/registry.h"
-#include "harness/analyses/session.h"
+#include "analyses/session.h"
 #include "harness/support/global_state.h"
 #include "harness/support/memory.h"
 #include "tests/support/support.h"

@@ -1,7 +1,7 @@
 #include "tests/support/records.h"
 
 #include "fixtures/registry.h"
-#include "harness/analyses/session.h"
+#include "analyses/session.h"
 
 namespace ckcheck::testing {
 

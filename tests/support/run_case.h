@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/analyses/session.h"
+#include "analyses/session.h"
 #include "tests/support/generators.h"
 
 namespace ckcheck::testing {

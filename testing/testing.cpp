@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "harness/analyses/session.h"
+#include "analyses/session.h"
 #include "harness/support/errors.h"
 #include "reports/report.h"
 

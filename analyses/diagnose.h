@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "checks/check.h"
-#include "harness/analyses/session.h"
+#include "analyses/session.h"
 
 namespace ckcheck {
 

@@ -1,4 +1,4 @@
-#include "harness/analyses/validate_op.h"
+#include "analyses/validate_op.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <dlfcn.h>

@@ -1,4 +1,4 @@
-#include "harness/analyses/bench.h"
+#include "analyses/bench.h"
 
 #include <fmt/format.h>
 

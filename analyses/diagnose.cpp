@@ -1,4 +1,4 @@
-#include "harness/analyses/diagnose.h"
+#include "analyses/diagnose.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

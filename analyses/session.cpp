@@ -1,9 +1,20 @@
-#include "harness/analyses/session.h"
+#include "analyses/session.h"
 
 #include <algorithm>
 #include <set>
 
 namespace ckcheck {
+
+namespace {
+// What the diff says of its record besides the values: its name, kind, step and point.
+void describe(TensorDiff& d, const TensorRecord& t) {
+  d.name = t.name;
+  d.kind = t.kind;
+  d.step = t.step;
+  d.parameter = t.parameter;
+  d.micro_batch = t.micro_batch;
+}
+}  // namespace
 
 std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepRecord& checkpointed,
                                         const Tolerance& tolerance) {
@@ -18,18 +29,14 @@ std::vector<TensorDiff> compare_records(const StepRecord& reference, const StepR
       d.equal = false;
       d.missing = "checkpointed";
     }
-    d.name = t.name;
-    d.kind = t.kind;
-    d.step = t.step;
+    describe(d, t);
     seen.insert({t.name, t.kind, t.step});
     diffs.push_back(d);
   }
   for (const auto& t : checkpointed.tensors) {
     if (seen.count({t.name, t.kind, t.step}) || !reference.error.empty()) continue;
     TensorDiff d = compare_tensors(torch::Tensor(), t.value, tolerance);
-    d.name = t.name;
-    d.kind = t.kind;
-    d.step = t.step;
+    describe(d, t);
     diffs.push_back(d);
   }
   return diffs;

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The installed package finds the LibTorch it was built against even where another LibTorch comes
+# first on CMAKE_PREFIX_PATH (as Debian's libtorch-dev does beside a venv's pip torch): a decoy
+# LibTorch that stops any configure that finds it. The negative control: a project that asks for
+# Torch itself, with the same prefix path, finds the decoy.
+#   beside_another_libtorch.sh PREFIX WORK CONSUMER_SOURCE EXPECTED_TORCH_DIR
+set -euo pipefail
+prefix=$1 work=$2 source=$3 expected=$4
+rm -rf "$work" && mkdir -p "$work/decoy/share/cmake/Torch" "$work/plain"
+cat > "$work/decoy/share/cmake/Torch/TorchConfig.cmake" <<'CMAKE'
+message(FATAL_ERROR "the decoy LibTorch was found")
+CMAKE
+cat > "$work/plain/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.18)
+project(plain LANGUAGES CXX)
+find_package(Torch REQUIRED)
+CMAKE
+if cmake -S "$work/plain" -B "$work/plain/build" -DCMAKE_PREFIX_PATH="$work/decoy" >"$work/plain.log" 2>&1 \
+   || ! grep -q "the decoy LibTorch was found" "$work/plain.log"; then
+  echo "negative control failed: a plain find_package(Torch) did not find the decoy" >&2
+  cat "$work/plain.log" >&2
+  exit 1
+fi
+# The consumer, with the decoy first and no Torch_DIR or CUDA paths of its own.
+if ! cmake -S "$source" -B "$work/consumer" -DCMAKE_BUILD_TYPE=Release \
+     -DCMAKE_PREFIX_PATH="$work/decoy;$prefix" >"$work/consumer.log" 2>&1; then
+  echo "the consumer did not configure beside the decoy LibTorch:" >&2
+  tail -20 "$work/consumer.log" >&2
+  exit 1
+fi
+found=$(sed -n 's/^Torch_DIR:PATH=//p' "$work/consumer/CMakeCache.txt")
+if [[ $(realpath "$found") != $(realpath "$expected") ]]; then
+  echo "the consumer found LibTorch in $found, not in $expected (what ckcheck was built against)" >&2
+  exit 1
+fi
+echo "beside a decoy LibTorch the consumer found $found, the LibTorch ckcheck was built against"

@@ -28,9 +28,11 @@ if ! cmake -S "$source" -B "$work/consumer" -DCMAKE_BUILD_TYPE=Release \
   tail -20 "$work/consumer.log" >&2
   exit 1
 fi
-found=$(sed -n 's/^Torch_DIR:PATH=//p' "$work/consumer/CMakeCache.txt")
-if [[ $(realpath "$found") != $(realpath "$expected") ]]; then
-  echo "the consumer found LibTorch in $found, not in $expected (what ckcheck was built against)" >&2
+# The consumer links the libraries of the LibTorch ckcheck was built against (TORCH/share/cmake/Torch).
+torch_lib=$(realpath "$expected/../../../lib")
+if ! grep -rqs --include=link.txt --include=build.ninja "$torch_lib/libtorch" "$work/consumer"; then
+  echo "the consumer does not link $torch_lib/libtorch* (the LibTorch ckcheck was built against):" >&2
+  grep -rhs --include=link.txt --include=build.ninja -o "[^ ]*libtorch[^ ]*" "$work/consumer" | sort -u | head >&2
   exit 1
 fi
-echo "beside a decoy LibTorch the consumer found $found, the LibTorch ckcheck was built against"
+echo "beside a decoy LibTorch the consumer links $torch_lib, the LibTorch ckcheck was built against"

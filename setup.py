@@ -6,6 +6,7 @@ Under pip's build isolation the build environment has no torch; the build runs t
 without that isolation, so it finds the torch installed where the package is going.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,12 @@ class BuildCore(build_py):
         shutil.copy2(os.path.join(build, "ckcheck"), os.path.join(target, "_bin", "ckcheck"))
 
 
+def _version() -> str:
+    """project(ckcheck VERSION X.Y.Z) of CMakeLists.txt: what `ckcheck --version` says too."""
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        return re.search(r"project\(ckcheck VERSION ([0-9.]+)", f.read()).group(1)
+
+
 class BinaryDistribution(Distribution):
     def has_ext_modules(self):
         return True  # a platform wheel: built for this machine's torch
@@ -45,5 +52,5 @@ class BinaryDistribution(Distribution):
 
 # setuptools' own build folder stays out of CMake's (./build).
 os.makedirs(os.path.join(ROOT, "build", "setuptools"), exist_ok=True)
-setup(cmdclass={"build_py": BuildCore}, distclass=BinaryDistribution,
+setup(version=_version(), cmdclass={"build_py": BuildCore}, distclass=BinaryDistribution,
       options={"build": {"build_base": os.path.join("build", "setuptools")}, "egg_info": {"egg_base": os.path.join("build", "setuptools")}})

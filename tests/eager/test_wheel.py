@@ -83,11 +83,13 @@ def test_the_wheel_carries_the_built_core_and_command(fresh):
 
 
 def test_the_installed_command_runs_from_the_fresh_venv(fresh, tmp_path):
-    venv, _, _ = fresh
+    venv, wheel, _ = fresh
     command = str(venv / "bin" / "ckcheck")
     version = subprocess.run([command, "--version"], env=_env(), cwd=tmp_path, capture_output=True, text=True,
                              timeout=120)
-    assert version.returncode == 0 and "ckcheck" in version.stdout, version.stdout + version.stderr
+    # One version: the wheel's is the program's (both from CMakeLists.txt).
+    assert version.returncode == 0 and f"ckcheck {os.path.basename(wheel).split('-')[1]}\n" in version.stdout, \
+        version.stdout + version.stderr
     builtin = subprocess.run([command, "run", "--model", "mlp"], env=_env(), cwd=tmp_path, capture_output=True,
                              text=True, timeout=600)
     assert builtin.returncode == 0, builtin.stdout + builtin.stderr

@@ -108,7 +108,8 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     Raises UsageError (one line; .field names the argument) for what cannot be checked.
     """
     given = dict(sites=sites, policy=policy, checkpoint=checkpoint, seed=seed, steps=steps, checks=checks,
-                 tolerance=tolerance, no_preserve_rng=not preserve_rng_state, **options)
+                 tolerance=tolerance, no_preserve_rng=not preserve_rng_state)
+    given.update(options)  # the command line's own spelling (no_preserve_rng=True) wins
     cls = type(model)
     name = f"{cls.__module__}.{cls.__qualname__}"
     data, console = _core.run(_factory(model, inputs, loss, enable, disable), name,

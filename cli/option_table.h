@@ -23,6 +23,14 @@
 
 namespace ckcheck::cli {
 
+/// The name a front end with keyword arguments gives a flag: its words joined by '_'
+/// (--input-requires-grad: input_requires_grad).
+inline std::string keyword_of_flag(const std::string& flag) {
+  std::string name = flag.substr(flag.find_first_not_of('-'));
+  for (auto& c : name) c = c == '-' ? '_' : c;
+  return name;
+}
+
 template <class Options>
 class OptionRow {
  public:
@@ -70,11 +78,7 @@ class OptionRow {
   bool is_shared() const { return shared_; }
   /// The name a front end with keyword arguments gives the row: the flag's words joined by '_'
   /// (--input-requires-grad: input_requires_grad).
-  std::string keyword() const {
-    std::string name = flag_.substr(flag_.find_first_not_of('-'));
-    for (auto& c : name) c = c == '-' ? '_' : c;
-    return name;
-  }
+  std::string keyword() const { return keyword_of_flag(flag_); }
 
   /// Calls f(field) with the field the row sets in `o`, as its own type: how a front end that
   /// takes typed values (the Python binding) sets an option without a command line.

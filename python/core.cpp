@@ -463,12 +463,7 @@ void add_keywords(const cli::OptionTable<Options>& table, std::vector<std::strin
 }
 
 // A field a library error names, as the keyword that sets it.
-std::string keyword_of_field(const std::string& field) {
-  const auto flag = cli::flag_for_field(field);
-  std::string k = flag.substr(flag.find_first_not_of('-'));
-  std::replace(k.begin(), k.end(), '-', '_');
-  return k;
-}
+std::string keyword_of_field(const std::string& field) { return cli::keyword_of_flag(cli::flag_for_field(field)); }
 
 [[noreturn]] void raise_usage_error(const std::string& message, const std::string& field) {
   py::object cls = py::module_::import("ckcheck._model").attr("UsageError");

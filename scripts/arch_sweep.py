@@ -97,7 +97,7 @@ def timm_cases():
 
 def spread(cases, n):
     """n cases taken evenly over the list (which is grouped by kind), so every kind is sampled."""
-    if n <= 0 or n >= len(cases):
+    if n < 0 or n >= len(cases):
         return list(cases)
     return [cases[(i * len(cases)) // n] for i in range(n)]
 
@@ -185,9 +185,9 @@ class Skip(Exception):
 
 
 def blocks_of(model, inputs):
-    """The layers: the children of the largest ModuleList whose children share a class and are
-    called by the forward (a vision or audio tower that text-only inputs never reach does not count).
-    Its paths, found on a copy of the model."""
+    """The layers: the children of the largest ModuleList or Sequential (timm's stages and blocks)
+    whose children share a class and are called by the forward (a vision or audio tower that
+    text-only inputs never reach does not count). Its paths, found on a copy of the model."""
     import torch
 
     probe = copy.deepcopy(model)
@@ -199,7 +199,7 @@ def blocks_of(model, inputs):
         h.remove()
     best = []
     for path, m in probe.named_modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m) >= 2 and len({type(c) for c in m}) == 1:
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and len(m) >= 2 and len({type(c) for c in m}) == 1:
             called = [f"{path}.{i}" for i in range(len(m)) if f"{path}.{i}" in ran]
             if len(called) == len(m) and len(m) > len(best):
                 best = called
@@ -412,8 +412,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--one", help="run one case (hf:TYPE or timm:NAME) and print its JSON")
     ap.add_argument("--subset", choices=["all", "ci"], default="all")
-    ap.add_argument("--hf", type=int, default=0, help="transformers architectures to try, spread over every kind "
-                    "(default 0: all)")
+    ap.add_argument("--hf", type=int, default=-1, help="transformers architectures to try, spread over every kind "
+                    "(0: none; default: all)")
     ap.add_argument("--timm", type=int, default=25, help="timm families to try, spread over the list (default 25)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=600, help="seconds per case")

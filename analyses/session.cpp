@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "harness/support/memory.h"
+
 namespace ckcheck {
 
 namespace {
@@ -48,7 +50,9 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
   Needs needs;
   for (const auto& c : checks) needs |= c->info().needs;
   RunOutcome out;
+  const double cpu0 = process_cpu_seconds();
   out.records = runner.run_all(plan, needs);
+  const double cpu_records = process_cpu_seconds();
   if (after_records) after_records(out.records);
   out.diffs = compare_records(out.records.reference, out.records.checkpointed, tolerance);
   // When the checkpointed step differs, is the plain step itself repeatable? If two plain steps
@@ -65,9 +69,22 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
       if (!d.equal) names.push_back(d.name);
     }
     out.records.plain_not_repeated = names;
+    out.cost.phases.emplace_back("reference, repeated", again.cpu_seconds);
   }
   CheckContext ctx{runner.model(), plan, runner.config(), tolerance, out.records, out.diffs, knobs};
   for (const auto& c : checks) out.results.push_back(c->run(ctx));
+  const double cpu_end = process_cpu_seconds();
+  auto& cost = out.cost;
+  cost.seconds = cpu_end - cpu0;
+  cost.plain_step_seconds = out.records.reference.cpu_seconds;
+  double parts = 0.0;
+  for (const auto& phase : out.records.cpu_seconds) parts += phase.second;
+  cost.phases.insert(cost.phases.begin(), out.records.cpu_seconds.begin(), out.records.cpu_seconds.end());
+  // What the records took beyond their named parts (restoring state between them, ...).
+  cost.phases.emplace_back("records, between parts", std::max(0.0, cpu_records - cpu0 - parts));
+  double repeated = 0.0;
+  for (const auto& phase : cost.phases) repeated += phase.first == "reference, repeated" ? phase.second : 0.0;
+  cost.phases.emplace_back("comparison and checks", std::max(0.0, cpu_end - cpu_records - repeated));
   return out;
 }
 

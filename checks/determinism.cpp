@@ -97,15 +97,27 @@ class DeterminismCheck : public Check {
     if (r.findings.empty() && !probe_error.empty()) {
       return skipped(id(), "the probe could not run the checkpointed units again (" + probe_error + ")");
     }
-    if (probed == 0 && !ctx.plan.units.empty()) {
+    const size_t reproduced = ctx.records.reproduced_units.size();
+    if (probed == 0 && reproduced == 0 && !ctx.plan.units.empty()) {
       // Units the probe cannot call on their own (closures a model hands to its own checkpoint)
       // are not evidence of determinism.
       return skipped(id(), fmt::format("the probe could not run any of the {} again on its own",
                                        count_of(ctx.plan.units.size(), "checkpointed unit")));
     }
     if (r.findings.empty()) {
-      r.summary = probed == 0 ? "nothing is checkpointed"
-                              : fmt::format("{} repeat identically", count_of(probed, "checkpointed unit"));
+      // A unit whose recompute reproduced its forward bitwise was run twice on identical inputs
+      // already: the probe runs only where a recompute differed (--probe-every-unit: everywhere).
+      const std::string again = count_of(reproduced, "checkpointed unit") + (reproduced == 1 ? " reproduces" : " reproduce") +
+                                " its forward bitwise in the recompute";
+      if (probed == 0 && reproduced == 0) {
+        r.summary = "nothing is checkpointed";
+      } else if (reproduced == 0) {
+        r.summary = fmt::format("{} repeat identically", count_of(probed, "checkpointed unit"));
+      } else if (probed == 0) {
+        r.summary = again;
+      } else {
+        r.summary = fmt::format("{}; {} probed repeat identically", again, count_of(probed, "other unit"));
+      }
     } else {
       r.summary = fmt::format("{} not repeat identically", count_of(r.findings.size(), "unit") + (r.findings.size() == 1 ? " does" : " do"));
     }

@@ -49,6 +49,14 @@ OptionTable<RunOptions> shared_run_rows() {
                   "either way)",
                   &RunOptions::recompute_fp32)
                   .shared());
+  t.push_back(Row("--probe-every-unit",
+                  "run the determinism probe (each unit run again from its forward's inputs and state) on every "
+                  "checkpointed unit; by default only on a unit whose recompute did not reproduce its forward "
+                  "bitwise, since the recompute is that second run (use it where an op's result varies only now "
+                  "and then, as atomics on a GPU)",
+                  &RunOptions::config, &RunConfig::probe_every_unit)
+                  .config("probe_every_unit")
+                  .shared());
   t.push_back(Row("--lr", "learning rate of the SGD update between steps", &RunOptions::config, &RunConfig::lr)
                   .check(finite_number(0, 1e6))
                   .config("lr")
@@ -355,6 +363,7 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
   report.model = model_info(*model, plan, checkpoint, runner.config());
   report.checks = outcome.results;
   report.tensors = outcome.diffs;
+  report.cost = outcome.cost;
   report.verdict = verdict_of(report.checks);
   report.reproduce = run_command_line(o);
   report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), checks, checkpoint);

@@ -82,6 +82,11 @@ class ConsoleReporter : public Reporter {
     if (r.bench) {
       for (const auto& line : bench_lines(*r.bench)) out << clean(line) << "\n";
     }
+    if (r.cost && r.cost->plain_step_seconds > 0) {
+      out << dim(fmt::format("cost: {:.1f} plain steps of CPU time (the plain step: {})", r.cost->plain_steps(),
+                             seconds_text(r.cost->plain_step_seconds)))
+          << "\n";
+    }
     out << "verdict: " << verdict(r) << "\n";
     if (!r.reproduce.empty()) out << "reproduce: " << r.reproduce << "\n";
   }

@@ -129,6 +129,14 @@ nlohmann::json report_json(const Report& r) {
     const auto fields = bench_json(*r.bench);  // its fields stand at the top level
     for (const auto& [key, value] : fields.items()) j[key] = value;
   }
+  if (r.cost) {
+    nlohmann::json phases = nlohmann::json::array();  // in the order they ran
+    for (const auto& [name, seconds] : r.cost->phases) phases.push_back({{"part", name}, {"cpu_seconds", seconds}});
+    j["cost"] = {{"plain_steps", r.cost->plain_steps()},
+                 {"cpu_seconds", r.cost->seconds},
+                 {"plain_step_cpu_seconds", r.cost->plain_step_seconds},
+                 {"phases", phases}};
+  }
   j["seconds"] = r.seconds;
   j["reproduce"] = r.reproduce;
   return j;

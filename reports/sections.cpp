@@ -53,15 +53,15 @@ void add_op_diff_lines(const OpDiff& od, std::vector<std::string>& out) {
   }
 }
 
+std::string bytes_text(double bytes) { return format_bytes(bytes); }
+
+}  // namespace
+
 std::string seconds_text(double s) {
   if (s >= 1) return fmt::format("{:.2f} s", s);
   if (s >= 1e-3) return fmt::format("{:.1f} ms", s * 1e3);
   return fmt::format("{:.0f} us", s * 1e6);
 }
-
-std::string bytes_text(double bytes) { return format_bytes(bytes); }
-
-}  // namespace
 
 // Memory against time per policy, as an SVG scatter chart with min..max time bars.
 std::string bench_svg(const BenchResult& r) {

@@ -10,6 +10,8 @@
 
 namespace ckcheck {
 
+/// A duration for people: 1.23 s, 4.5 ms, 67 us.
+std::string seconds_text(double s);
 std::vector<std::string> diagnosis_lines(const Diagnosis& d);
 std::vector<std::string> validation_lines(const OpValidation& v);
 

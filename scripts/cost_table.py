@@ -6,7 +6,10 @@ config, when transformers is installed), measured in this process with the proce
   plain step      one forward + backward without checkpoints and without ckcheck's recording:
                   the median of `ckcheck bench --policies none` (C++ model), or of the model's own
                   forward and backward timed here (Python model);
-  run             `ckcheck run` with every default check, in plain steps;
+  run             `ckcheck run` with every default check, in plain steps (building the model and
+                  its first, discovering forward included for the Python model);
+  its own figure  the run report's `cost.plain_steps`: the check alone (records, comparison and
+                  checks) over the run's own plain reference step, first of the process;
   gradients only  `ckcheck run --checks gradients`, in plain steps.
 
 Startup (loading LibTorch, importing the model) is outside every figure. The last column is how
@@ -64,11 +67,14 @@ def cpp_row(ckcheck, layers, model_args, repeat):
                                     "--report", f"json={path}"]))
         with open(path) as f:
             bench = json.load(f)
-    none = next(p for p in bench["policies"] if p["policy"] == "none")
-    plain = none["cpu_median_s"]
-    run = cpu_of(lambda: ckcheck.main(["run", *args]), repeat)
+        none = next(p for p in bench["policies"] if p["policy"] == "none")
+        plain = none["cpu_median_s"]
+        run = cpu_of(lambda: ckcheck.main(["run", *args, "--report", f"json={path}"]), repeat)
+        with open(path) as f:
+            own = json.load(f)["cost"]["plain_steps"]
     grads = cpu_of(lambda: ckcheck.main(["run", *args, "--checks", "gradients"]), repeat)
-    return {"model": f"transformer, {layers} layers", "plain_s": plain, "run": run / plain, "gradients": grads / plain}
+    return {"model": f"transformer, {layers} layers", "plain_s": plain, "run": run / plain, "gradients": grads / plain,
+            "own": own}
 
 
 def python_row(ckcheck, repeat):
@@ -93,8 +99,10 @@ def python_row(ckcheck, repeat):
         times.append(time.process_time() - t0)
     plain = statistics.median(times)
     run = cpu_of(lambda: ckcheck.run(model, inputs), repeat)
+    own = ckcheck.run(model, inputs).cost["plain_steps"]
     grads = cpu_of(lambda: ckcheck.run(model, inputs, checks="gradients"), repeat)
-    return {"model": "GPT-2 (tiny, Python, its own switch)", "plain_s": plain, "run": run / plain, "gradients": grads / plain}
+    return {"model": "GPT-2 (tiny, Python, its own switch)", "plain_s": plain, "run": run / plain, "gradients": grads / plain,
+            "own": own}
 
 
 def main(argv):
@@ -118,14 +126,14 @@ def main(argv):
         rows.append(python_row(ckcheck, a.repeat))
     print(f"Cost of a check in plain training steps (CPU time, 1 thread; transformer width {a.hidden}, "
           f"seq {a.seq}, batch {a.batch}; median of {a.repeat})\n")
-    print("| model | plain step | `ckcheck run` | `--checks gradients` | growth vs plain |")
-    print("|---|---|---|---|---|")
+    print("| model | plain step | `ckcheck run` | its report's `cost.plain_steps` | `--checks gradients` | growth vs plain |")
+    print("|---|---|---|---|---|---|")
     prev = None
     for r in rows:
         growth = ""
         if prev and r["model"].startswith("transformer"):
             growth = f"{(r['run'] * r['plain_s']) / (prev['run'] * prev['plain_s']) / (r['plain_s'] / prev['plain_s']):.2f}"
-        print(f"| {r['model']} | {1000 * r['plain_s']:.1f} ms | {r['run']:.1f} | {r['gradients']:.1f} | {growth} |")
+        print(f"| {r['model']} | {1000 * r['plain_s']:.1f} ms | {r['run']:.1f} | {r['own']:.1f} | {r['gradients']:.1f} | {growth} |")
         if r["model"].startswith("transformer"):
             prev = r
     return 0

@@ -28,6 +28,7 @@ def convert(line):
     line = BUILD.sub(lambda m: m.group(1) + '{{any}}' + m.group(2), line.rstrip('\n')) + '\n'
     line = VERSION.sub(lambda m: m.group(1) + '{{any}}', line)
     line = re.sub(r'("seconds": )[^,\n]+', r'\1{{num}}', line)
+    line = re.sub(r'^(cost: ).*$', r'\1{{any}}', line)  # the console's cost line: CPU times
     line = re.sub(r'(time=")[^"]*(")', r'\1{{num}}\2', line)
     return FLOAT.sub('{{num}}', line)
 

@@ -629,6 +629,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   PlanSiteRunner sites(plan, base, model_, config_.checkpoint.restore_buffers, tp);
   StepParticipant& part = participant_of(config_, options);
   const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = process_cpu_seconds();
   try {
     std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
     const auto inputs = start_run(model_, start_, config_.seed, part, record);
@@ -669,6 +670,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
     observer->flush();
   }
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  record.cpu_seconds = process_cpu_seconds() - cpu0;
   if (tp) {
     record.ops = tp->take();
     attach_op_evidence(record);
@@ -778,41 +780,93 @@ Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
   return m;
 }
 
+namespace {
+
+// The units whose checkpointed calls leave something to explain: a recompute that did not
+// reproduce its forward bitwise, failed, or followed a change of the unit's state; a call not
+// recomputed; a unit the step did not show. The others need no probe: their recompute was a
+// second run of the unit on its forward's inputs, in its forward's state, and gave its outputs.
+std::set<std::string> units_to_probe(const Plan& plan, const StepRecord& checkpointed, std::vector<std::string>& reproduced) {
+  std::set<std::string> out;
+  for (const auto& unit : plan.units) {
+    const auto label = Plan::unit_label(unit);
+    bool seen = false, explained = true;
+    for (const auto& c : checkpointed.calls) {
+      if (c.site != label) continue;
+      seen = true;
+      const bool equal = std::all_of(c.output_diffs.begin(), c.output_diffs.end(), [](const TensorDiff& d) { return d.equal; });
+      explained = explained && c.recomputed && !c.recompute_failed && equal && c.state_changed.empty();
+    }
+    if (seen && explained) {
+      reproduced.push_back(label);
+    } else {
+      out.insert(label);
+    }
+  }
+  return out;
+}
+
+// Runs f and adds the process's CPU time it took to `phases` under `name`.
+template <class F>
+auto timed_phase(std::vector<std::pair<std::string, double>>& phases, const std::string& name, F&& f) {
+  const double cpu0 = process_cpu_seconds();
+  auto result = f();
+  phases.emplace_back(name, process_cpu_seconds() - cpu0);
+  return result;
+}
+
+}  // namespace
+
 RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   RunRecords r;
+  auto run_timed = [&](const Plan* p, const StepOptions& o, const std::string& label) {
+    auto record = run(p, o, label);
+    r.cpu_seconds.emplace_back(label, record.cpu_seconds);
+    return record;
+  };
   StepOptions plain;
   plain.evidence = false;
   plain.count_hooks = needs.hooks;
-  r.reference = run(nullptr, plain, "reference");
+  r.reference = run_timed(nullptr, plain, "reference");
   StepOptions ckpt;
   ckpt.count_hooks = needs.hooks;
   if (needs.dtype_trace && config_.amp != Amp::kOff) ckpt.trace = TraceLevel::kDtypes;
-  r.checkpointed = run(&plan, ckpt, "checkpointed");
+  r.checkpointed = run_timed(&plan, ckpt, "checkpointed");
   if (needs.amp_study && config_.amp != Amp::kOff) {
     StepOptions fp32 = plain;
     fp32.amp = Amp::kOff;
-    r.fp32_reference = run(nullptr, fp32, "fp32 reference");
+    r.fp32_reference = run_timed(nullptr, fp32, "fp32 reference");
     StepOptions rec;
     rec.evidence = false;
     rec.checkpoint = config_.checkpoint;
     rec.checkpoint->recompute_fp32 = true;
-    r.fp32_recompute = run(&plan, rec, "checkpointed, fp32 recompute");
+    r.fp32_recompute = run_timed(&plan, rec, "checkpointed, fp32 recompute");
   }
   if (needs.single_process && config_.data_parallel) {
     StepOptions alone = plain;
     alone.data_parallel = false;
     alone.count_hooks = false;
-    r.single_process = run(nullptr, alone, "single process, whole batch");
+    r.single_process = run_timed(nullptr, alone, "single process, whole batch");
   }
   if (needs.probe) {
     // The grad mode the checkpointed forwards ran in (a reentrant checkpoint runs them without).
     bool no_grad = true;
     for (const auto& c : r.checkpointed.calls) no_grad = no_grad && c.forward_no_grad;
-    r.probes = probe(plan, no_grad);
+    // A step that stopped leaves its calls unfinished: then every unit is probed.
+    const bool every = config_.probe_every_unit || !r.checkpointed.error.empty();
+    std::vector<std::string> reproduced;
+    const auto only = units_to_probe(plan, r.checkpointed, reproduced);
+    if (!every) r.reproduced_units = reproduced;
+    if (every || !only.empty()) {
+      r.probes = timed_phase(r.cpu_seconds, "probe", [&] { return probe(plan, no_grad, every ? nullptr : &only); });
+    } else {
+      r.probes.emplace();
+    }
   }
   if (needs.bench) {
-    r.bench_plain = measure(nullptr, kBenchWarmup, kBenchSteps);
-    r.bench_checkpointed = measure(&plan, kBenchWarmup, kBenchSteps);
+    r.bench_plain = timed_phase(r.cpu_seconds, "bench, plain", [&] { return measure(nullptr, kBenchWarmup, kBenchSteps); });
+    r.bench_checkpointed =
+        timed_phase(r.cpu_seconds, "bench, checkpointed", [&] { return measure(&plan, kBenchWarmup, kBenchSteps); });
   }
   return r;
 }
@@ -827,13 +881,16 @@ constexpr int kRestarts = 4;
 // (see UnitProbe) before letting the forward go on.
 class ProbeSiteRunner : public UnitSiteRunner {
  public:
-  ProbeSiteRunner(const Plan& plan, Model& model, std::vector<UnitProbe>& out, int64_t step)
-      : UnitSiteRunner(&plan), model_(model), out_(out), step_(step) {}
+  ProbeSiteRunner(const Plan& plan, Model& model, std::vector<UnitProbe>& out, int64_t step,
+                  const std::set<std::string>* only)
+      : UnitSiteRunner(&plan), model_(model), out_(out), step_(step), only_(only) {}
 
  protected:
   std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
                                const std::vector<Tensor>& inputs) override {
-    return probe_unit(Plan::unit_label(unit), fn, inputs);
+    const auto label = Plan::unit_label(unit);
+    if (only_ && !only_->count(label)) return fn(inputs);
+    return probe_unit(label, fn, inputs);
   }
 
  private:
@@ -918,11 +975,12 @@ class ProbeSiteRunner : public UnitSiteRunner {
   Model& model_;
   std::vector<UnitProbe>& out_;
   int64_t step_;
+  const std::set<std::string>* only_;
 };
 
 }  // namespace
 
-std::vector<UnitProbe> Runner::probe(const Plan& plan, bool no_grad) {
+std::vector<UnitProbe> Runner::probe(const Plan& plan, bool no_grad, const std::set<std::string>* only) {
   set_phase("the determinism probe");
   std::vector<UnitProbe> out;
   const auto autocast = autocast_for(config_.amp, config_.device);
@@ -931,7 +989,7 @@ std::vector<UnitProbe> Runner::probe(const Plan& plan, bool no_grad) {
     seed_all(config_.seed);
     const auto inputs = model_.make_inputs(config_.seed);
     torch::AutoGradMode grad_mode(!no_grad);  // as the checkpoint under test runs its forward
-    ProbeSiteRunner sites(plan, model_, out, 1);
+    ProbeSiteRunner sites(plan, model_, out, 1, only);
     forward_under(autocast, model_, inputs, sites);
   } catch (const std::exception& e) {
     UnitProbe p;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,10 @@ struct RunConfig {
   /// Data-parallel training: each rank runs its shard of the global batch with its own RNG
   /// stream, and gradients are averaged over the ranks in buckets filled by hooks. Not owned.
   DataParallel* data_parallel = nullptr;
+  /// Run the determinism probe on every checkpointed unit (--probe-every-unit). By default only a
+  /// unit whose recompute did not reproduce its forward bitwise is probed (or one the checkpointed
+  /// step did not show): the recompute already is a second run of the unit on its inputs.
+  bool probe_every_unit = false;
 };
 
 /// One recorded tensor of a step.
@@ -127,6 +132,7 @@ struct StepRecord {
   std::string error;          // what the step threw, if it threw
   std::string output_structure;  // what the forward returned, without values ("" when the model cannot say)
   double seconds = 0.0;
+  double cpu_seconds = 0.0;   // the process's CPU time over the step (all threads)
 
   const TensorRecord* find(const std::string& name, const std::string& kind, int64_t step) const;
 };
@@ -170,6 +176,12 @@ struct RunRecords {
   std::optional<StepRecord> fp32_reference;       // plain, autocast off (AMP study)
   std::optional<StepRecord> fp32_recompute;       // checkpointed, recompute in fp32 (AMP study)
   std::optional<std::vector<UnitProbe>> probes;   // determinism probe
+  /// Units the determinism probe left alone: every call's recompute reproduced its forward
+  /// bitwise and nothing changed their state in between (RunConfig::probe_every_unit is off).
+  std::vector<std::string> reproduced_units;
+  /// The process's CPU time of each part the records took ("reference", "checkpointed", "probe",
+  /// ...), in the order they ran: what a check costs, and where.
+  std::vector<std::pair<std::string, double>> cpu_seconds;
   std::optional<Measurement> bench_plain;         // run --bench: nothing checkpointed
   std::optional<Measurement> bench_checkpointed;  // run --bench: the plan
   std::optional<StepRecord> single_process;       // data-parallel: the whole batch in one process
@@ -234,8 +246,9 @@ class Runner {
 
   /// Repeats each checkpointed unit on its forward inputs (see UnitProbe), step by step, in the
   /// grad mode the checkpoint under test runs its forward in (`no_grad`: a reentrant checkpoint),
-  /// so that a unit is probed in the state it runs in when checkpointed.
-  std::vector<UnitProbe> probe(const Plan& plan, bool no_grad = true);
+  /// so that a unit is probed in the state it runs in when checkpointed. With `only`, the units
+  /// whose labels it holds; the others run plainly.
+  std::vector<UnitProbe> probe(const Plan& plan, bool no_grad = true, const std::set<std::string>* only = nullptr);
 
   /// `warmup` then `steps` training steps with `plan`'s units checkpointed (plain when null),
   /// measuring peak memory above the baseline and time; nothing is recorded, so nothing but the

@@ -88,6 +88,12 @@ class Report:
     def diagnosis(self) -> Optional[dict]:
         return self._data.get("diagnosis")
 
+    @property
+    def cost(self) -> Optional[dict]:
+        """What the check cost in CPU time: "plain_steps", "cpu_seconds", "plain_step_cpu_seconds",
+        "phases" (None for a report that does not measure it)."""
+        return self._data.get("cost")
+
     def to_dict(self) -> dict:
         """The JSON report (as `--report json` writes it) with the console text under "console"."""
         return {**json.loads(json.dumps(self._data)), "console": self.console}

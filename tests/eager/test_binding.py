@@ -72,6 +72,34 @@ def test_a_correct_model_passes_with_attributes():
     assert report.model["name"].endswith(type(model).__qualname__)
 
 
+def test_the_report_states_what_the_check_cost():
+    model, x = twin("mlp")
+    report = ckcheck.run(model, (x,), checkpoint="torch")
+    cost = report.cost
+    assert cost["plain_step_cpu_seconds"] > 0 and cost["plain_steps"] > 0
+    assert cost["plain_steps"] == pytest.approx(cost["cpu_seconds"] / cost["plain_step_cpu_seconds"])
+    assert [p["part"] for p in cost["phases"]][:2] == ["reference", "checkpointed"]
+    assert "cost:" in report.console and "plain steps" in report.console
+
+
+def test_the_probe_runs_only_where_a_recompute_differed():
+    # A correct model: every recompute reproduces its forward, so no unit is run again ...
+    model, x = twin("mlp")
+    clean = ckcheck.run(model, (x,), checkpoint="torch")
+    parts = lambda report: [p["part"] for p in report.cost["phases"]]  # noqa: E731
+    assert "probe" not in parts(clean)
+    assert "reproduce" in clean.check("determinism").summary
+    # ... unless asked (the negative control: the probe phase is there when it runs).
+    every = ckcheck.run(model, (x,), checkpoint="torch", probe_every_unit=True)
+    assert "probe" in parts(every) and every.check("determinism").status == "pass"
+    # A stateful unit's recompute differs: it is probed and classified as before.
+    model, x = twin("faulty_stateful_counter")
+    faulty = ckcheck.run(model, (x,), checkpoint="torch")
+    assert "probe" in parts(faulty)
+    assert faulty.check("determinism").status == "fail"
+    assert {f.cause for f in faulty.check("determinism").findings} == {"stateful"}
+
+
 def test_options_by_keyword_are_the_command_lines_options(request):
     """The binding sets the rows the command line sets: the same options give the same config."""
     command = request.getfixturevalue("ckcheck")  # the ckcheck program (conftest)

@@ -152,6 +152,48 @@ TEST(Runner, ProbeClassifiesRepeats) {
   EXPECT_FALSE(gen.random_ops.empty());
 }
 
+// The probe runs where a recompute left something to explain, and only there: a unit whose
+// recompute reproduced its forward bitwise is not run again (unless every unit is asked for).
+TEST(Runner, ProbeRunsOnlyWhereTheRecomputeDiffered) {
+  auto records = [](const std::string& model, bool every) {
+    auto m = make_model(model, {{"dropout", "0.3"}}, 0);
+    RunConfig config;
+    config.probe_every_unit = every;
+    Runner r(*m, config);
+    Needs needs;
+    needs.probe = true;
+    return r.run_all(Plan::make(*m, {}, Policy::parse("every:1")), needs);
+  };
+  auto sites = [](const RunRecords& r) {
+    std::vector<std::string> out;
+    for (const auto& p : *r.probes) out.push_back(p.site);
+    return out;
+  };
+  // Dropout with its RNG replayed: every recompute reproduces its forward, nothing is probed.
+  const auto clean = records("mlp", false);
+  ASSERT_TRUE(clean.probes);
+  EXPECT_TRUE(clean.probes->empty());
+  EXPECT_EQ(clean.reproduced_units, (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2"}));
+  // Asked for, every unit is probed.
+  EXPECT_EQ(sites(records("mlp", true)), (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2"}));
+  EXPECT_TRUE(records("mlp", true).reproduced_units.empty());
+  // The faulty unit's recompute differs: it alone is probed, and the probe still classifies it.
+  for (const std::string model : {"faulty/stateful-counter", "faulty/nondeterministic-op"}) {
+    const auto faulty = records(model, false);
+    ASSERT_EQ(sites(faulty), std::vector<std::string>{"blocks.1"}) << model;
+    EXPECT_FALSE(faulty.probes->front().repeat_equal) << model;
+    EXPECT_EQ(faulty.reproduced_units, (std::vector<std::string>{"blocks.0", "blocks.2"})) << model;
+  }
+  // The records say what each part cost.
+  std::vector<std::string> parts;
+  for (const auto& [name, seconds] : clean.cpu_seconds) {
+    parts.push_back(name);
+    EXPECT_GE(seconds, 0.0) << name;
+  }
+  EXPECT_EQ(parts, (std::vector<std::string>{"reference", "checkpointed"}));
+  EXPECT_GT(clean.reference.cpu_seconds, 0.0);
+}
+
 // The correct state/* models carry state that a step changes outside parameters and buffers:
 // the plain step repeats only when that state is put back first, which the runner does.
 TEST(StateModels, PlainStepRepeatsOnlyFromRestoredState) {

@@ -83,7 +83,7 @@ class ConsoleReporter : public Reporter {
       for (const auto& line : bench_lines(*r.bench)) out << clean(line) << "\n";
     }
     if (r.cost && r.cost->plain_step_seconds > 0) {
-      out << dim(fmt::format("cost: {:.1f} plain steps of CPU time (the plain step: {})", r.cost->plain_steps(),
+      out << dim(fmt::format("cost: {:.1f} plain steps of CPU time (the plain reference step, first of the run: {})", r.cost->plain_steps(),
                              seconds_text(r.cost->plain_step_seconds)))
           << "\n";
     }

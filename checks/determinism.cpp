@@ -107,8 +107,9 @@ class DeterminismCheck : public Check {
     if (r.findings.empty()) {
       // A unit whose recompute reproduced its forward bitwise was run twice on identical inputs
       // already: the probe runs only where a recompute differed (--probe-every-unit: everywhere).
-      const std::string again = count_of(reproduced, "checkpointed unit") + (reproduced == 1 ? " reproduces" : " reproduce") +
-                                " its forward bitwise in the recompute";
+      const std::string again = count_of(reproduced, "checkpointed unit") +
+                                (reproduced == 1 ? " reproduces its forward" : " reproduce their forwards") +
+                                " bitwise in the recompute";
       if (probed == 0 && reproduced == 0) {
         r.summary = "nothing is checkpointed";
       } else if (reproduced == 0) {

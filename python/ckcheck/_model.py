@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()).keys()) | {"forward"}
 _SCALARS = (bool, int, float, str, type(None))
+_ABSENT = object()  # an attribute a module did not have
 
 
 class UsageError(Exception):
@@ -353,6 +354,7 @@ class ModelAdapter:
             choose_checkpoint(checkpoint, switch)  # raises: no switch to test
         self._wrap_modules()
         self._switch_attrs = set()
+        self._switch_before = []
         if checkpoint == "model":
             self._switch_attrs = self._attributes_the_switch_sets()
         start = self.snapshot()
@@ -373,8 +375,15 @@ class ModelAdapter:
             m.forward._ckcheck_had_own = had_own
 
     def close(self):
-        """Gives every module its own forward back (ckcheck.run leaves the model as it found it)."""
+        """Gives every module its own forward back and its own switch's setting (ckcheck.run
+        leaves the model as it found it)."""
         self._call_site = None
+        for m, key, value in self._switch_before:
+            if value is _ABSENT:
+                vars(m).pop(key, None)
+            else:
+                setattr(m, key, value)
+        self._switch_before = []
         for m in self._paths.values():
             wrapper = vars(m).get("forward")
             if wrapper is None or not hasattr(wrapper, "_ckcheck_had_own"):
@@ -654,15 +663,32 @@ class ModelAdapter:
                 yield path, m, key, full
 
     def _attributes_the_switch_sets(self):
+        """The state attributes the model's switch sets (found by turning it on and off). Every
+        instance attribute the switch touches, state or not (a flag, a function it stores), is
+        kept in self._switch_before as the model came, for close() to put back: a switch that was on
+        stays on, one that was off stays off, an attribute it added goes again."""
         def values():
             return {f"{p}.{k}" if p else k: _fingerprint(v) for p, m in self.module.named_modules()
                     for k, v in vars(m).items() if k not in _MODULE_INTERNALS and _is_state_value(v)}
 
+        def attributes():
+            return {(p, k): (m, v) for p, m in self.module.named_modules() for k, v in vars(m).items()
+                    if k not in _MODULE_INTERNALS}
+
+        came = attributes()
         before = values()
         self._enable()
         on = values()
+        switched_on = attributes()
         self._disable()
         after = values()
+        switched_off = attributes()
+        touched = {}
+        for seen in (switched_on, switched_off):
+            for key, (m, v) in seen.items():
+                if key not in came or came[key][1] is not v:
+                    touched[key] = (m, came[key][1] if key in came else _ABSENT)
+        self._switch_before = [(m, k, v) for (p, k), (m, v) in touched.items()]
         return {k for k in set(before) | set(on) | set(after)
                 if before.get(k) != on.get(k) or on.get(k) != after.get(k)}
 

@@ -6,6 +6,7 @@ import os
 import tempfile
 
 import pytest
+import torch
 
 import ckcheck
 from conftest import fixture, twin
@@ -148,3 +149,38 @@ def test_validate_op_returns_a_report_without_files(monkeypatch):
     with pytest.raises(ckcheck.UsageError) as caught:
         ckcheck.validate_op("aten::relu", cases=0)
     assert caught.value.field == "cases"
+
+
+class _Switchy(torch.nn.Module):
+    """A model with its own checkpointing switch, as Hugging Face's: a flag its forward reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(3))
+        self.gradient_checkpointing = False
+
+    def gradient_checkpointing_enable(self):
+        self.gradient_checkpointing = True
+
+    def gradient_checkpointing_disable(self):
+        self.gradient_checkpointing = False
+
+    def forward(self, x):
+        for block in self.blocks:
+            if self.gradient_checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("switched_on", [False, True])
+def test_the_models_own_switch_is_left_as_it_was(switched_on):
+    # ckcheck turns the switch on for the checkpointed step; the user's model must come back with
+    # its switch as the user set it (a later step, or a later check, trains that program).
+    torch.manual_seed(0)
+    model, x = _Switchy(), torch.randn(4, 8)
+    model.gradient_checkpointing = switched_on
+    report = ckcheck.run(model, (x,), checkpoint="model")
+    assert report.verdict == "pass"
+    assert model.gradient_checkpointing is switched_on

@@ -1,6 +1,7 @@
 #include "analyses/session.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "harness/support/memory.h"
@@ -15,6 +16,23 @@ void describe(TensorDiff& d, const TensorRecord& t) {
   d.step = t.step;
   d.parameter = t.parameter;
   d.micro_batch = t.micro_batch;
+}
+
+// The check's cost from the process's CPU clock at its start, once the records were taken and at
+// its end, with the records' own parts and the second plain step's time when one ran.
+CheckCost cost_of(const RunRecords& records, double start, double recorded, double end,
+                  std::optional<double> repeated) {
+  CheckCost cost;
+  cost.seconds = end - start;
+  cost.plain_step_seconds = records.reference.cpu_seconds;
+  cost.phases = records.cpu_seconds;
+  double parts = 0.0;
+  for (const auto& phase : records.cpu_seconds) parts += phase.second;
+  // What the records took beyond their named parts (restoring state between them, ...).
+  cost.phases.emplace_back("records, between parts", std::max(0.0, recorded - start - parts));
+  if (repeated) cost.phases.emplace_back("reference, repeated", *repeated);
+  cost.phases.emplace_back("comparison and checks", std::max(0.0, end - recorded - repeated.value_or(0.0)));
+  return cost;
 }
 }  // namespace
 
@@ -53,6 +71,7 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
   const double cpu0 = process_cpu_seconds();
   out.records = runner.run_all(plan, needs);
   const double cpu_records = process_cpu_seconds();
+  std::optional<double> repeated;  // the second plain step's CPU time, when one ran
   if (after_records) after_records(out.records);
   out.diffs = compare_records(out.records.reference, out.records.checkpointed, tolerance);
   // When the checkpointed step differs, is the plain step itself repeatable? If two plain steps
@@ -69,22 +88,11 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
       if (!d.equal) names.push_back(d.name);
     }
     out.records.plain_not_repeated = names;
-    out.cost.phases.emplace_back("reference, repeated", again.cpu_seconds);
+    repeated = again.cpu_seconds;
   }
   CheckContext ctx{runner.model(), plan, runner.config(), tolerance, out.records, out.diffs, knobs};
   for (const auto& c : checks) out.results.push_back(c->run(ctx));
-  const double cpu_end = process_cpu_seconds();
-  auto& cost = out.cost;
-  cost.seconds = cpu_end - cpu0;
-  cost.plain_step_seconds = out.records.reference.cpu_seconds;
-  double parts = 0.0;
-  for (const auto& phase : out.records.cpu_seconds) parts += phase.second;
-  cost.phases.insert(cost.phases.begin(), out.records.cpu_seconds.begin(), out.records.cpu_seconds.end());
-  // What the records took beyond their named parts (restoring state between them, ...).
-  cost.phases.emplace_back("records, between parts", std::max(0.0, cpu_records - cpu0 - parts));
-  double repeated = 0.0;
-  for (const auto& phase : cost.phases) repeated += phase.first == "reference, repeated" ? phase.second : 0.0;
-  cost.phases.emplace_back("comparison and checks", std::max(0.0, cpu_end - cpu_records - repeated));
+  out.cost = cost_of(out.records, cpu0, cpu_records, process_cpu_seconds(), repeated);
   return out;
 }
 

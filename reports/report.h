@@ -52,7 +52,7 @@ struct Report {
   std::optional<Diagnosis> diagnosis;      // diagnose, run --diagnose
   std::optional<BenchResult> bench;        // bench
   std::optional<OpValidation> validation;  // validate-op
-  std::optional<CheckCost> cost;           // run, diagnose: the check's CPU time in plain steps
+  std::optional<CheckCost> cost;           // run: the check's CPU time in plain steps
   double seconds = 0.0;
 };
 

@@ -667,22 +667,21 @@ class ModelAdapter:
         instance attribute the switch touches, state or not (a flag, a function it stores), is
         kept in self._switch_before as the model came, for close() to put back: a switch that was on
         stays on, one that was off stays off, an attribute it added goes again."""
-        def values():
-            return {f"{p}.{k}" if p else k: _fingerprint(v) for p, m in self.module.named_modules()
-                    for k, v in vars(m).items() if k not in _MODULE_INTERNALS and _is_state_value(v)}
-
         def attributes():
             return {(p, k): (m, v) for p, m in self.module.named_modules() for k, v in vars(m).items()
                     if k not in _MODULE_INTERNALS}
 
+        def values(attrs):
+            return {f"{p}.{k}" if p else k: _fingerprint(v) for (p, k), (m, v) in attrs.items() if _is_state_value(v)}
+
         came = attributes()
-        before = values()
+        before = values(came)
         self._enable()
-        on = values()
         switched_on = attributes()
+        on = values(switched_on)
         self._disable()
-        after = values()
         switched_off = attributes()
+        after = values(switched_off)
         touched = {}
         for seen in (switched_on, switched_off):
             for key, (m, v) in seen.items():

@@ -148,6 +148,10 @@ std::vector<Entry> bench_entries(const Model& model, const std::vector<std::stri
                                  const BenchOptions& options) {
   const bool given = !options.policies.empty();
   auto names = given ? options.policies : default_bench_policies();
+  // Compiled, the compiler's memory budgets are policies beside the module checkpoints.
+  if (!given && model.compiled_steps()) {
+    for (const char* b : {"budget:0", "budget:0.25", "budget:0.5", "budget:1"}) names.push_back(b);
+  }
   // none is the reference of every ratio: always measured, first.
   if (std::find(names.begin(), names.end(), "none") == names.end()) names.insert(names.begin(), "none");
   // --sites must match, as for run and diagnose: a glob that matches nothing is a typing error,
@@ -278,6 +282,11 @@ class Rounds {
     append(b.measurement, m);
     if (!m.error.empty() && b.note.empty()) b.note = m.error;
     if (options_.memory_budget_bytes >= 0 && m.baseline_bytes + m.peak_bytes > options_.memory_budget_bytes) b.fits = false;
+    // A compiled model: the compiler's own estimate, the activations its graphs save for backward
+    // (read after the policy's first steps, which ran its variant last).
+    if (m.error.empty() && !b.analytic_bytes) {
+      if (const auto compiled = runner_.model().compiled_steps()) b.analytic_bytes = static_cast<double>(compiled->last_saved_bytes);
+    }
     return m.error.empty();
   }
 
@@ -331,6 +340,10 @@ BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs
   r.memory_budget_bytes = options.memory_budget_bytes;
   r.max_overhead = options.max_overhead;
   r.formula = model.analytic_formula();
+  if (model.compiled_steps()) {
+    r.formula = "compiled (--compile): the activations the compiled forward saves for backward, from the compiler's "
+                "own graphs (parameters and inputs aside)";
+  }
   const auto params = model.named_parameters();
   r.parameter_bytes = bytes_of(params);
   NamedTensors trainable;

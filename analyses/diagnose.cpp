@@ -129,7 +129,7 @@ SiteDiagnosis classify(const std::string& site, const RunOutcome& outcome,
     if (e.site == site) {
       s.cause = e.cause;
       s.evidence = e.evidence;
-      s.hint = fix_hint(e.cause);
+      s.hint = e.hint.empty() ? fix_hint(e.cause) : e.hint;
       return s;
     }
   }
@@ -331,6 +331,17 @@ void find_culprits(Runner& runner, const Plan& plan, const Tolerance& tolerance,
                    Diagnosis& d) {
   CheckContext ctx{runner.model(), plan, runner.config(), tolerance, outcome.records, outcome.diffs};
   const auto explained = explain_sites(ctx);
+  if (outcome.records.compiled && outcome.records.compiled->whole_graph) {
+    // One compiled whole (the model's own switch, or the memory budget): no unit can be checkpointed
+    // without the others, so the compiled graphs name the sites -- the modules of the random ops the
+    // backward recomputes with new numbers.
+    for (const auto& e : explained) d.sites.push_back(classify(e.site, outcome, explained));
+    if (d.sites.empty()) {
+      d.summary = "the compiled checkpointed step differs, and its compiled graphs recompute no random op with new "
+                  "numbers; with --checkpoint torch the blocks are compiled with checkpoints one set at a time";
+    }
+    return;
+  }
   Bisector b(runner, plan, tolerance, outcome.records.reference);
   std::vector<Unit> culprits;
   const bool unstable = b.diverges({});
@@ -354,7 +365,8 @@ void find_culprits(Runner& runner, const Plan& plan, const Tolerance& tolerance,
   }
   d.bisection_runs = b.runs;
   for (const auto& u : culprits) d.sites.push_back(classify(Plan::unit_label(u), outcome, explained));
-  if (!culprits.empty()) d.op_diff = op_diff(runner, plan, culprits.front());
+  // A compiled unit's ops run inside the compiled graph, out of the tracer's sight.
+  if (!culprits.empty() && !outcome.records.compiled) d.op_diff = op_diff(runner, plan, culprits.front());
   if (unstable) {
     d.summary = "two plain steps already differ: the model is not repeatable without checkpointing";
     if (!d.sites.empty()) d.summary += fmt::format("; {} does not repeat ({})", d.sites.front().site, cause_name(d.sites.front().cause));

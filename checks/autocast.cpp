@@ -146,6 +146,7 @@ class AutocastCheck : public Check {
     if (ctx.config.amp == Amp::kOff) {
       return skipped(id(), "AMP is off (--amp bf16 on the CPU; fp16 or bf16 on CUDA)");
     }
+    if (auto compiled = skipped_when_compiled(id(), ctx)) return *compiled;
     std::set<std::string> reported;
     for (const auto& c : ctx.records.checkpointed.calls) {
       const auto idx = first_dtype_difference(c);

@@ -35,6 +35,12 @@ CheckResult errored(const std::string& id, std::string summary) {
   return without_verdict(id, Status::kError, std::move(summary));
 }
 
+std::optional<CheckResult> skipped_when_compiled(const std::string& id, const CheckContext& ctx) {
+  if (!ctx.records.compiled) return std::nullopt;
+  return skipped(id, "compiled (--compile): the units run inside the compiled graph, where ckcheck sees the whole "
+                     "step and the compiled graphs, not each call");
+}
+
 std::string count_of(size_t n, const std::string& what) {
   return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s");
 }

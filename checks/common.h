@@ -28,6 +28,11 @@ nlohmann::json diff_json(const TensorDiff& d);
 CheckResult skipped(const std::string& id, std::string summary);
 CheckResult errored(const std::string& id, std::string summary);
 
+/// Under --compile the checkpointed units run inside the compiled graph, where no call reaches the
+/// runner: a check that reads the evidence of each call is skipped with that reason (the step's
+/// comparison and the compiled graphs stand for them). Nothing when the model ran eagerly.
+std::optional<CheckResult> skipped_when_compiled(const std::string& id, const CheckContext& ctx);
+
 /// A CheckResult for when the reference step itself failed: nothing can be compared.
 CheckResult reference_failed(const std::string& id, const CheckContext& ctx);
 

@@ -68,6 +68,7 @@ class DeterminismCheck : public Check {
   CheckResult run(const CheckContext& ctx) const override {
     CheckResult r;
     r.id = id();
+    if (auto compiled = skipped_when_compiled(id(), ctx)) return *compiled;
     if (!ctx.records.probes) {
       return skipped(id(), "the determinism probe did not run");
     }

@@ -48,7 +48,46 @@ std::string changed_state_names(const CallEvidence& c) {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
+const char* const kCompiledRngHint =
+    "keep random ops out of what the compiler recomputes: raise the memory budget, save their outputs (a SAC "
+    "policy that saves them), or move dropout outside the compiled region";
+
+namespace {
+
+// The plan's unit a module path belongs to ("blocks.0.drop" -> "blocks.0"), else the path itself.
+std::string unit_of_path(const Plan& plan, const std::string& path) {
+  for (const auto& unit : plan.units) {
+    for (const auto& site : unit) {
+      if (site_within(path, site)) return Plan::unit_label(unit);
+    }
+  }
+  return path.empty() ? "(compiled graph)" : path;
+}
+
+// Compiled: the units whose random ops the compiled backward runs again with new random numbers.
+std::vector<SiteExplanation> explain_compiled(const CheckContext& ctx) {
+  std::vector<SiteExplanation> out;
+  for (const auto& op : ctx.records.compiled->recomputed_random) {
+    const auto site = unit_of_path(ctx.plan, op.site);
+    auto it = std::find_if(out.begin(), out.end(), [&](const SiteExplanation& e) { return e.site == site; });
+    const auto what = op.source.empty() ? op.op : fmt::format("{} ({})", op.source, op.op);
+    if (it != out.end()) {
+      it->evidence += fmt::format("; and {}", what);
+      continue;
+    }
+    out.push_back({site, Cause::kRng,
+                   fmt::format("the compiled backward recomputes a random op with new random numbers (it draws its "
+                               "own seeds), so the recompute's mask differs from the forward's: {}",
+                               what),
+                   kCompiledRngHint});
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
+  if (ctx.records.compiled) return explain_compiled(ctx);
   std::vector<SiteExplanation> out;
   for (const auto& unit : ctx.plan.units) {
     const auto site = Plan::unit_label(unit);

@@ -15,7 +15,11 @@ struct SiteExplanation {
   std::string site;
   Cause cause = Cause::kNonDeterministic;
   std::string evidence;  // one sentence
+  std::string hint;      // the fix where the cause's own hint does not fit ("" otherwise)
 };
+
+/// The fix for random ops that a compiled backward recomputes with new random numbers.
+extern const char* const kCompiledRngHint;
 
 /// The probe of a unit, if the probe ran.
 const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site);

@@ -68,6 +68,12 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
     f.cause = Cause::kNonFinite;
     evidence = fmt::format("{} has {} NaN/Inf values with checkpointing, {} without", d.name,
                            d.nonfinite_checkpointed, d.nonfinite_reference);
+  } else if (step.rounding && ctx.records.compiled) {
+    f.cause = Cause::kAccumulationOrder;
+    evidence = fmt::format(
+        "the loss and outputs are equal; the gradient differs by {:.3g}, within {} epsilons of its largest value: "
+        "the compiled checkpointed step computes the same math in other kernels (recompute drift within rounding)",
+        d.max_abs, kReassociationEps);
   } else if (step.rounding) {
     f.cause = Cause::kAccumulationOrder;
     evidence = fmt::format(
@@ -82,12 +88,16 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
     // No hazard explains it: say so, rather than guess one (the determinism probe did not fail).
     f.cause = Cause::kUnexplained;
     f.site = owning_unit(ctx.plan, d.name);
-    evidence = step.faithful ? "every recompute reproduced its forward bitwise, so something outside the recomputed "
+    evidence = ctx.records.compiled
+                   ? "the compiled graphs show no random op recomputed with new numbers; run `ckcheck diagnose "
+                     "--compile` to find the block"
+               : step.faithful ? "every recompute reproduced its forward bitwise, so something outside the recomputed "
                                "ops changed it (a hook, or code that assigns or frees .grad); run `ckcheck diagnose`"
                              : "no site-level evidence explains it; run `ckcheck diagnose`";
   } else {
     f.cause = explained.front().cause;
     f.site = explained.front().site;
+    f.hint = explained.front().hint;
     evidence = explained.front().evidence;
   }
   return f;
@@ -149,6 +159,7 @@ void warn_when_vacuous(const CheckContext& ctx, CheckResult& r) {
     add_finding(r, {Cause::kVacuous, "", "", "the policy checkpoints nothing, so the run compares the plain step with itself", ""});
     return;
   }
+  if (ctx.records.compiled) return;  // no call reaches the runner from inside a compiled graph
   std::vector<std::string> unexercised;
   for (const auto& unit : ctx.plan.units) {
     const auto site = Plan::unit_label(unit);

@@ -20,7 +20,43 @@ class RngCheck : public Check {
     return info;
   }
 
+  // Compiled: the random ops the compiled backward runs again, from the compiled graphs. New random
+  // numbers fail the check when the checkpointed step differs from the plain one (the math moved).
+  CheckResult run_compiled(const CheckContext& ctx) const {
+    CheckResult r;
+    r.id = id();
+    const auto& c = *ctx.records.compiled;
+    bool differs = !ctx.records.checkpointed.error.empty();
+    for (const auto& d : ctx.diffs) differs = differs || !d.equal;
+    for (const auto& op : c.recomputed_random) {
+      Finding f;
+      f.cause = Cause::kRng;
+      f.site = op.site.empty() ? "(compiled graph)" : op.site;
+      f.tensor = op.source.empty() ? op.op : op.source;
+      f.message = fmt::format("the compiled backward runs {} again with new random numbers (the backward graph draws "
+                              "its own seeds){}",
+                              op.source.empty() ? op.op : fmt::format("{} ({})", op.source, op.op),
+                              differs ? ", so the recompute's mask differs from the forward's"
+                                      : "; the checkpointed step still equals the plain one");
+      f.hint = kCompiledRngHint;
+      f.details = {{"op", op.op}, {"source", op.source}, {"module", op.site}};
+      add_finding(r, f);
+    }
+    if (!r.findings.empty()) {
+      r.status = differs ? Status::kFail : Status::kWarn;
+      r.summary = fmt::format("the compiled backward recomputes {} with new random numbers",
+                              count_of(r.findings.size(), "random op"));
+    } else if (c.replayed_random > 0) {
+      r.summary = fmt::format("the compiled backward recomputes {} on the forward's seeds (replayed)",
+                              count_of(static_cast<size_t>(c.replayed_random), "random op"));
+    } else {
+      r.summary = "the compiled backward recomputes no random op";
+    }
+    return r;
+  }
+
   CheckResult run(const CheckContext& ctx) const override {
+    if (ctx.records.compiled) return run_compiled(ctx);
     CheckResult r;
     r.id = id();
     size_t random_sites = 0;

@@ -21,7 +21,8 @@ const OptionTable<BenchCliOptions>& bench_option_table() {
     OptionTable<BenchCliOptions> t;
     t.push_back(Row("--policies",
                     "policies to measure, comma-separated (default: none, every:1, every:2, every:4, segments:sqrt, "
-                    "sites:*.attn, sites:*.ffn -- those that apply to the model)",
+                    "sites:*.attn, sites:*.ffn -- those that apply to the model; with --compile also the compiler's "
+                    "memory budgets budget:0, budget:0.25, budget:0.5 and budget:1)",
                     &BenchCliOptions::policies)
                     .check(non_empty("a policy, as every:2"))
                     .config("policies"));

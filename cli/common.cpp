@@ -63,6 +63,7 @@ void add_builtin_model_options(CLI::App& app, ModelArgs& args) {
 }
 
 const char* const kFileInputs = "File model inputs";
+const char* const kCompiled = "Compiled training (Python models)";
 
 // How a file model's inputs are made, and its training flags.
 OptionTable<ModelArgs> file_input_rows() {
@@ -116,6 +117,28 @@ const OptionTable<ModelArgs>& model_option_table() {
                                      &ModelArgs::checkpoint)
                     .check(CLI::IsMember({"auto", "ckcheck", "torch", "torch-reentrant", "model"}))
                     .config("checkpoint"));
+    t.push_back(OptionRow<ModelArgs>("--compile",
+                                     "train the Python model compiled (torch.compile, inductor): the eager plain step, "
+                                     "the compiled plain step (the reference) and the compiled checkpointed step are "
+                                     "compared; the checkpoints run inside the compiled graph",
+                                     &ModelArgs::compile)
+                    .group(kCompiled)
+                    .config("compile"));
+    t.push_back(OptionRow<ModelArgs>("--compile-mode",
+                                     "torch.compile's mode with --compile: default, reduce-overhead or "
+                                     "max-autotune-no-cudagraphs",
+                                     &ModelArgs::compile_mode)
+                    .check(CLI::IsMember({"default", "reduce-overhead", "max-autotune-no-cudagraphs"}))
+                    .group(kCompiled)
+                    .config("compile_mode"));
+    t.push_back(OptionRow<ModelArgs>("--memory-budget",
+                                     "with --compile, the compiler's activation memory budget in the checkpointed step, "
+                                     "0 to 1 (0: recompute what it can; 1, the default: the compiler's own choice); "
+                                     "below 1 with --checkpoint auto, the budget alone decides what is recomputed",
+                                     &ModelArgs::memory_budget)
+                    .check(finite_number(0, 1))
+                    .group(kCompiled)
+                    .config("memory_budget"));
     t.push_back(OptionRow<ModelArgs>("--input-requires-grad",
                                      "make every floating-point input require grad and compare input gradients "
                                      "(default: inputs as the model gives them -- a training batch does not require "
@@ -150,11 +173,13 @@ const OptionTable<ModelArgs>& model_option_table() {
 
 namespace {
 
-// The rows a command takes: all, less --policy for commands that take several policies and less
-// --steps for those that count their own.
+// The rows a command takes: all, less --policy and the compiler's --memory-budget for commands that
+// take several policies (bench: its --memory-budget is a size, and budgets are policies there), and
+// less --steps for those that count their own.
 std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps) {
   return [with_policy, with_steps](const OptionRow<ModelArgs>& row) {
-    return (with_policy || row.flag() != "--policy") && (with_steps || row.flag() != "--steps");
+    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget")) &&
+           (with_steps || row.flag() != "--steps");
   };
 }
 
@@ -246,7 +271,15 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, Checkp
                                    "ckcheck Python package installed", args.model));
     }
     if (world_size > 1) throw UsageError("--world-size applies to built-in and TorchScript models, not to Python models");
+    if (!args.compile && (args.compile_mode != "default" || args.memory_budget != 1.0)) {
+      throw UsageError(fmt::format("{} applies to compiled training; add --compile",
+                                   args.compile_mode != "default" ? "--compile-mode" : "--memory-budget"));
+    }
     return python_loader()(args, choice);
+  }
+  if (args.compile || args.compile_mode != "default" || args.memory_budget != 1.0) {
+    throw UsageError(fmt::format("--compile applies to Python models (--model FILE.py:make_model); {} is not one",
+                                 args.model));
   }
   choice = {"ckcheck", args.checkpoint == "auto" ? "the default for C++ and TorchScript models" : "asked for"};
   if (args.checkpoint != "ckcheck" && args.checkpoint != "auto") {

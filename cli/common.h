@@ -40,6 +40,11 @@ struct ModelArgs {
   std::string checkpoint = "auto";
   /// Every floating-point input requires grad (default: as the model gives them).
   bool input_requires_grad = false;
+  // Compiled training (Python models): torch.compile with this mode; the compiler's activation
+  // memory budget of the checkpointed step (1: the compiler's default).
+  bool compile = false;
+  std::string compile_mode = "default";
+  double memory_budget = 1.0;
 
   // Filled by add_model_args: the per-model options (--layers, --hidden, ...).
   std::map<std::string, std::string> raw_options;

@@ -36,7 +36,9 @@ int run_list(std::ostream& out) {
          "  every:K                      every K-th candidate site (every:1 = all)\n"
          "  segments[:N]                 N runs of consecutive blocks, all but the last checkpointed\n"
          "                               (N defaults to sqrt of the number of candidates)\n"
-         "  sites:GLOB[,GLOB]            the candidate sites (and sites nested in them) matching a glob\n";
+         "  sites:GLOB[,GLOB]            the candidate sites (and sites nested in them) matching a glob\n"
+         "  budget:F                     (--compile) no module checkpoints: the compiler's activation memory\n"
+         "                               budget F, 0 to 1, decides what the compiled backward recomputes\n";
   out << "\nChecks (--checks id,id):\n";
   for (const auto& c : builtin_checks()) {
     const auto& info = c->info();

@@ -338,6 +338,8 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
   }
   // Gradient accumulation adds its own check to those run by default.
   if (o.config.accumulate > 1 && o.checks.empty()) checks.push_back(make_check("gradient-accumulation"));
+  // So does compiled training.
+  if (o.model.compile && o.checks.empty()) checks.push_back(make_check("compile"));
   if (!env && o.world_size > 1) {
     status = launch(o, *model, config);
     return std::nullopt;

@@ -144,7 +144,40 @@ class PythonModel : public Model {
       };
       return runner.call(site, f, xs);
     });
-    return call<std::vector<Tensor>>("forward", inputs, call_site, runner.checkpointing());
+    const auto budget = runner.compiler_budget();
+    return call<std::vector<Tensor>>("forward", inputs, call_site, runner.checkpointing(), runner.checkpointed_sites(),
+                                     budget ? py::cast(*budget) : py::none());
+  }
+
+  std::optional<CompiledSteps> compiled_steps() const override {
+    IntoPython gil;
+    const py::object facts = adapter_.attr("compiled_facts")();
+    if (facts.is_none()) return std::nullopt;
+    const auto d = facts.cast<py::dict>();
+    CompiledSteps c;
+    c.mode = d["mode"].cast<std::string>();
+    c.memory_budget = d["memory_budget"].cast<double>();
+    c.whole_graph = d["whole_graph"].cast<bool>();
+    c.compile_seconds = d["compile_seconds"].cast<double>();
+    c.plain_graphs = d["plain_graphs"].cast<int64_t>();
+    c.checkpointed_graphs = d["checkpointed_graphs"].cast<int64_t>();
+    c.graph_breaks = d["graph_breaks"].cast<std::vector<std::string>>();
+    c.plain_saved = d["plain_saved"].cast<int64_t>();
+    c.checkpointed_saved = d["checkpointed_saved"].cast<int64_t>();
+    c.plain_saved_bytes = d["plain_saved_bytes"].cast<int64_t>();
+    c.last_saved_bytes = d["last_saved_bytes"].cast<int64_t>();
+    c.plain_backward_random = d["plain_backward_random"].cast<int64_t>();
+    c.replayed_random = d["replayed_random"].cast<int64_t>();
+    for (const auto& item : d["recomputed_random"]) {
+      const auto t = item.cast<py::tuple>();
+      c.recomputed_random.push_back({t[0].cast<std::string>(), t[1].cast<std::string>(), t[2].cast<std::string>()});
+    }
+    c.eager_compared = d["eager_compared"].cast<bool>();
+    c.eager_note = d["eager_note"].cast<std::string>();
+    c.eager_max_rel = d["eager_max_rel"].cast<double>();
+    c.eager_worst = d["eager_worst"].cast<std::string>();
+    c.eager_tolerance = d["eager_tolerance"].cast<double>();
+    return c;
   }
 
   NamedTensors named_parameters() override { return named("named_parameters"); }
@@ -324,8 +357,17 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
     py::dict inputs;
     inputs["tensor"] = random.given() ? py::cast(random.make(args.seed)) : py::none();
     inputs["file"] = args.input_file;
+    py::object compile = py::none();
+    if (args.compile) {
+      py::dict c;
+      c["mode"] = args.compile_mode;
+      c["memory_budget"] = args.memory_budget;
+      c["input_requires_grad"] = args.input_requires_grad;
+      compile = c;
+    }
     const py::object spec = given_model ? given_model->factory : py::cast(args.model);
-    auto adapter = py::module_::import("ckcheck._model").attr("load")(spec, args.seed, inputs, args.checkpoint, args.mode);
+    auto adapter =
+        py::module_::import("ckcheck._model").attr("load")(spec, args.seed, inputs, args.checkpoint, args.mode, compile);
     if (given_model) adapter.attr("name") = given_model->name;
     choice = {adapter.attr("checkpoint").cast<std::string>(), adapter.attr("checkpoint_reason").cast<std::string>()};
     return std::make_unique<PythonModel>(adapter, choice.name);

@@ -13,7 +13,7 @@ namespace ckcheck {
 
 namespace {
 
-const char* kPolicyForms = "none, every:K, segments[:N] or sites:GLOB[,GLOB]";
+const char* kPolicyForms = "none, every:K, segments[:N], sites:GLOB[,GLOB] or (with --compile) budget:F";
 
 int64_t parse_positive(const std::string& text, const std::string& whole) {
   const auto v = parse_int(text);
@@ -136,6 +136,13 @@ Policy Policy::parse(const std::string& text) {
       }
       p.globs.push_back(g);
     }
+  } else if (head == "budget" && colon != std::string::npos) {
+    p.kind = Kind::kBudget;
+    const auto v = parse_double(arg);
+    if (!v || !(*v >= 0.0 && *v <= 1.0)) {
+      throw UsageError(fmt::format("policy '{}': the memory budget is a number from 0 to 1, as in budget:0.5", text));
+    }
+    p.budget = *v;
   } else {
     throw UsageError(fmt::format("unknown policy '{}'; valid policies: {}", text, kPolicyForms));
   }
@@ -152,6 +159,8 @@ std::string Policy::text() const {
       return k == 0 ? "segments:sqrt" : fmt::format("segments:{}", k);
     case Kind::kSites:
       return "sites:" + fmt::format("{}", fmt::join(globs, ","));
+    case Kind::kBudget:
+      return fmt::format("budget:{:g}", budget);
   }
   return "";
 }
@@ -261,6 +270,14 @@ Plan Plan::make(const Model& model, const std::vector<std::string>& site_globs,
       break;
     case Policy::Kind::kSegments:
       plan.units = segment_units(model, policy, plan.candidates);
+      break;
+    case Policy::Kind::kBudget:
+      if (!model.compiled_steps()) {
+        throw UsageError(fmt::format("policy {} is the compiler's activation memory budget: it applies to a model "
+                                     "trained compiled (--compile, Python models)",
+                                     policy.text()));
+      }
+      for (const auto& c : plan.candidates) plan.units.push_back({c});
       break;
   }
   for (const auto& unit : plan.units) {

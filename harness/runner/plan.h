@@ -1,6 +1,7 @@
 // Which sites a step checkpoints: parsed from a policy string and the --sites globs.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,14 @@ namespace ckcheck {
 ///                 last is checkpointed as one segment, as checkpoint_sequential does; N defaults
 ///                 to the square root of the number of candidates (Chen et al. 2016)
 ///   sites:GLOB[,GLOB]  the candidate sites, and sites nested in them, that match a glob
+///   budget:F      (a compiled model, --compile) no module checkpoints: the compiler's activation
+///                 memory budget F (0 to 1) decides what its backward recomputes
 struct Policy {
-  enum class Kind { kNone, kEvery, kSegments, kSites };
+  enum class Kind { kNone, kEvery, kSegments, kSites, kBudget };
   Kind kind = Kind::kEvery;
   int64_t k = 1;  // every:K, or segments:N (0: the square root of the number of candidates)
   std::vector<std::string> globs;
+  double budget = 1.0;  // budget:F
 
   /// Parses a policy; throws UsageError naming the valid forms.
   static Policy parse(const std::string& text);
@@ -35,7 +39,13 @@ struct Plan {
   /// The outermost sites checkpoints may go to (--sites, or the model's default sites).
   std::vector<std::string> candidates;
   /// What is checkpointed: each unit is one site or, under segments:N, a run of chain sites.
+  /// Under budget:F, every candidate: the compiled whole covers them.
   std::vector<std::vector<std::string>> units;
+
+  /// The compiler's activation memory budget under budget:F; nullopt for module checkpoints.
+  std::optional<double> compiler_budget() const {
+    return policy.kind == Policy::Kind::kBudget ? std::optional<double>(policy.budget) : std::nullopt;
+  }
 
   /// Builds the plan for a model; throws UsageError when a glob matches no site or the policy
   /// does not fit the model.

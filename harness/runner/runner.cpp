@@ -322,7 +322,7 @@ class PlanSiteRunner : public UnitSiteRunner {
   PlanSiteRunner(const Plan* plan, CheckpointOptions base, Model& model, bool restore_buffers,
                  OpTracer* tracer)
       : UnitSiteRunner(plan), base_(std::move(base)), model_(model), restore_buffers_(restore_buffers), tracer_(tracer),
-        checkpoints_(plan && !plan->units.empty()) {}
+        plan_(plan), checkpoints_(plan && !plan->units.empty()) {}
 
  protected:
   std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
@@ -341,6 +341,15 @@ class PlanSiteRunner : public UnitSiteRunner {
 
   bool checkpointing() const override { return checkpoints_; }
 
+  std::optional<double> compiler_budget() const override { return plan_ ? plan_->compiler_budget() : std::nullopt; }
+
+  std::vector<std::string> checkpointed_sites() const override {
+    std::vector<std::string> out;
+    if (!plan_) return out;
+    for (const auto& u : plan_->units) out.insert(out.end(), u.begin(), u.end());
+    return out;
+  }
+
   SiteFn wrap_site(const std::string& site, const SiteFn& fn) override {
     if (!tracer_) return fn;
     return [this, site, fn](const std::vector<Tensor>& xs) {
@@ -358,6 +367,7 @@ class PlanSiteRunner : public UnitSiteRunner {
   Model& model_;
   bool restore_buffers_;
   OpTracer* tracer_;
+  const Plan* plan_;
   bool checkpoints_;
 };
 
@@ -848,7 +858,9 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
     alone.count_hooks = false;
     r.single_process = run_timed(nullptr, alone, "single process, whole batch");
   }
-  if (needs.probe) {
+  // A compiled model runs its units inside the compiled graph, where the probe cannot call one alone.
+  r.compiled = model_.compiled_steps();
+  if (needs.probe && !r.compiled) {
     // The grad mode the checkpointed forwards ran in (a reentrant checkpoint runs them without).
     bool no_grad = true;
     for (const auto& c : r.checkpointed.calls) no_grad = no_grad && c.forward_no_grad;
@@ -868,6 +880,7 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
     r.bench_checkpointed =
         timed_phase(r.cpu_seconds, "bench, checkpointed", [&] { return measure(&plan, kBenchWarmup, kBenchSteps); });
   }
+  if (r.compiled) r.compiled = model_.compiled_steps();  // with what compiling the later steps added
   return r;
 }
 

@@ -197,6 +197,8 @@ struct RunRecords {
     std::string error;
   };
   std::vector<Rank> ranks;
+  /// A model trained compiled (--compile): what the compiler did (Model::compiled_steps()).
+  std::optional<CompiledSteps> compiled;
 };
 
 /// What the checks need beyond the two steps.

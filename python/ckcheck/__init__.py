@@ -101,7 +101,8 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     enable/disable: the model's own checkpointing switch, for checkpoint="model".
     options: any other `ckcheck run` option by its name with '_' for '-', with a value of its
         type: input_requires_grad=True (inputs keep their requires_grad unless it is given),
-        accumulate=2, diagnose=True, bench=True, restore_buffers=True, lr=0.1, a check's knob
+        accumulate=2, diagnose=True, bench=True, restore_buffers=True, lr=0.1, compile=True with
+        memory_budget=0.0 and compile_mode="default" (compiled training), a check's knob
         (amp_error_factor=4), ...
     report.verdict is "pass", "fail" or "error"; report.checks and report.findings say what and
     where, each finding with its cause and hint; str(report) is the console report.
@@ -115,9 +116,11 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     data, console = _core.run(_factory(model, inputs, loss, enable, disable), name,
                               {k: v for k, v in given.items() if v is not None})
     report = json.loads(data)
-    # The command line names a factory that lives only during this call: reproduce with the call.
+    # The command line names a factory that lives only during this call: reproduce with the call
+    # (with the checkpoint "auto" chose; the compiler's budget alone is chosen by memory_budget).
+    chosen = report.get("config", {}).get("checkpoint", checkpoint)
     call = _python_call(model, inputs, dict(sites=sites, policy=policy,
-                                            checkpoint=report.get("config", {}).get("checkpoint", checkpoint),
+                                            checkpoint=checkpoint if chosen == "compiler" else chosen,
                                             seed=seed, steps=steps, checks=checks, tolerance=tolerance, loss=loss,
                                             enable=enable, disable=disable, preserve_rng_state=preserve_rng_state),
                         options)

@@ -208,9 +208,10 @@ def _option_inputs(opts: dict):
     return (opts["tensor"],)
 
 
-def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str) -> "ModelAdapter":
+def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_opts=None) -> "ModelAdapter":
     """The adapter of the model a factory makes: `spec` names it (FILE.py[:CALLABLE],
-    package.module:CALLABLE) or is the factory itself."""
+    package.module:CALLABLE) or is the factory itself. `compile_opts` (--compile): {"mode",
+    "memory_budget", "input_requires_grad"}, or None for eager training."""
     factory = spec if callable(spec) else _import_factory(spec)
     torch.manual_seed(seed)  # the model's random weights follow --seed
     try:
@@ -229,9 +230,9 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str) -> "Mode
     elif mode == "eval":
         module.eval()
     switch = own_switch(module, enable, disable)
-    checkpoint, reason = choose_checkpoint(checkpoint, switch)
+    checkpoint, reason = choose_checkpoint(checkpoint, switch, compile_opts)
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "model")
-    return ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason)
+    return ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts)
 
 
 def own_switch(module, enable=None, disable=None):
@@ -254,10 +255,19 @@ def own_switch(module, enable=None, disable=None):
     return None
 
 
-def choose_checkpoint(asked, switch):
+def choose_checkpoint(asked, switch, compile_opts=None):
     """The checkpoint under test and why: what was asked for, or with `auto` the model's own
     switch when it has one (what its users train with), else PyTorch's non-reentrant checkpoint
-    (what PyTorch recommends)."""
+    (what PyTorch recommends). Compiled with a memory budget below 1 and `auto`, the budget alone
+    ("compiler": the compiler decides what its backward recomputes)."""
+    if compile_opts is not None:
+        if asked == "ckcheck":
+            raise UsageError("--checkpoint ckcheck cannot run inside a compiled graph (it is a C++ autograd "
+                             "function); with --compile use torch, torch-reentrant or model")
+        budget = compile_opts.get("memory_budget", 1.0)
+        if asked == "auto" and budget < 1.0:
+            return "compiler", (f"the compiler's activation memory budget {budget:g} decides what the compiled "
+                                "backward recomputes; no module checkpoints")
     if asked == "model" and switch is None:
         raise UsageError("--checkpoint model needs the model's own switch: the module has no "
                          "gradient_checkpointing_enable()/_disable() or set_grad_checkpointing(); return "
@@ -321,7 +331,7 @@ def _structure(obj, depth=0):
 class ModelAdapter:
     """What ckcheck's Model interface needs, for an nn.Module and its inputs."""
 
-    def __init__(self, name, module, args, kwargs, loss, switch, checkpoint, reason="asked for"):
+    def __init__(self, name, module, args, kwargs, loss, switch, checkpoint, reason="asked for", compile_opts=None):
         self.name = name
         self.module = module
         self.loss = loss
@@ -362,6 +372,42 @@ class ModelAdapter:
             self.sites, self.default_sites = self._discover()
         finally:
             self.restore(start)
+        self._compiler = None
+        if compile_opts is not None:
+            self._compile(compile_opts)
+
+    def _compile(self, opts):
+        """--compile: the steps run through torch.compile; the modules get their own forwards back
+        (the compiled graph calls them as the user's training does) and the eager plain step is
+        compared with the compiled one, once."""
+        from ckcheck import _compile
+
+        self._unwrap_forwards()
+        self._compiler = _compile.Compiler(self, opts.get("mode", "default"), float(opts.get("memory_budget", 1.0)),
+                                           self.checkpoint)
+        requires_grad = bool(opts.get("input_requires_grad"))
+
+        def inputs():
+            return [t.requires_grad_(True) if requires_grad and t.is_floating_point() else t
+                    for t in self.make_inputs(0)]
+
+        try:
+            self._compiler.compare_with_eager(inputs)
+        except UsageError:
+            raise
+        except Exception as e:
+            raise UsageError(_failure("the model fails compiled (torch.compile) without checkpointing", e)) from e
+        # The checkpointed step of the default plan compiles here too, so that the run's steps measure
+        # steps, not compiling (a step that fails is the run's to report).
+        key = self._compiler.variant(True, self.default_sites)
+        try:
+            self._compiler.warm_up(key, inputs)
+        except Exception:
+            pass
+
+    def compiled_facts(self):
+        """What the compiler did with the steps (--compile), or None."""
+        return self._compiler.facts() if self._compiler is not None else None
 
     # -- sites ----------------------------------------------------------------------------------
     def _wrap_modules(self):
@@ -378,12 +424,18 @@ class ModelAdapter:
         """Gives every module its own forward back and its own switch's setting (ckcheck.run
         leaves the model as it found it)."""
         self._call_site = None
+        if getattr(self, "_compiler", None) is not None:
+            self._compiler.close()
         for m, key, value in self._switch_before:
             if value is _ABSENT:
                 vars(m).pop(key, None)
             else:
                 setattr(m, key, value)
         self._switch_before = []
+        self._unwrap_forwards()
+        self._paths = {}
+
+    def _unwrap_forwards(self):
         for m in self._paths.values():
             wrapper = vars(m).get("forward")
             if wrapper is None or not hasattr(wrapper, "_ckcheck_had_own"):
@@ -392,7 +444,6 @@ class ModelAdapter:
                 m.forward = wrapper.__wrapped__
             else:
                 del m.forward
-        self._paths = {}
 
     def _wrapped(self, path, forward):
         @functools.wraps(forward)
@@ -611,11 +662,28 @@ class ModelAdapter:
         return [self._in_leaves[i].detach().clone().requires_grad_(self._in_leaves[i].requires_grad)
                 for i in self._in_idx]
 
-    def forward(self, tensors, call_site, checkpointing):
+    def arguments(self, tensors):
+        """(args, kwargs) of the model's call with `tensors` in place of its input tensors."""
         leaves = list(self._in_leaves)
         for i, t in zip(self._in_idx, tensors):
             leaves[i] = t
-        a, k = pytree.tree_unflatten(leaves, self._in_spec)
+        return pytree.tree_unflatten(leaves, self._in_spec)
+
+    @staticmethod
+    def float_outputs(out):
+        ts = []
+        _float_tensors(out, ts, set())
+        return ts
+
+    def forward(self, tensors, call_site, checkpointing, sites=(), budget=None):
+        a, k = self.arguments(tensors)
+        if self._compiler is not None:
+            # Compiled: the checkpoints are applied inside the compiled graph, where no call reaches
+            # the runner; `sites` says which the runner checkpoints, `budget` a budget:F policy's F.
+            out = self._compiler.run(self._compiler.variant(checkpointing, sites, budget), a, k)
+            if self.loss is not None:
+                out = self.loss(out)
+            return self._outputs(out)
         own = self.checkpoint == "model"
         if own:
             (self._enable if checkpointing else self._disable)()
@@ -635,9 +703,11 @@ class ModelAdapter:
         finally:
             if own:
                 _ACTIVE.remove(self)
+        return self._outputs(out)
+
+    def _outputs(self, out):
         self.last_structure = _structure(out)
-        ts = []
-        _float_tensors(out, ts, set())
+        ts = self.float_outputs(out)
         if not ts:
             raise UsageError("the model's output holds no floating-point tensor to differentiate; "
                              "return a 'loss' from the factory")

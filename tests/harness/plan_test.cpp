@@ -36,11 +36,13 @@ RC_GTEST_PROP(Glob, LiteralPatternsMatchOnlyThemselves, (const std::string& a, c
 }
 
 TEST(Policy, ParsesAndPrints) {
-  for (const std::string p : {"none", "every:1", "every:4", "segments:2", "segments:sqrt", "sites:*.attn,blocks.0"}) {
+  for (const std::string p : {"none", "every:1", "every:4", "segments:2", "segments:sqrt", "sites:*.attn,blocks.0",
+                              "budget:0", "budget:0.25", "budget:1"}) {
     EXPECT_EQ(Policy::parse(p).text(), p);
   }
   EXPECT_EQ(Policy::parse("segments").text(), "segments:sqrt");
-  for (const std::string bad : {"", "every", "every:0", "every:x", "segments:-1", "sites:", "sites:a,,b", "all", "none:1"}) {
+  for (const std::string bad : {"", "every", "every:0", "every:x", "segments:-1", "sites:", "sites:a,,b", "all", "none:1",
+                                 "budget", "budget:", "budget:1.5", "budget:-0.1", "budget:nan", "budget:x"}) {
     EXPECT_THROW(Policy::parse(bad), UsageError) << bad;
   }
 }
@@ -76,6 +78,16 @@ TEST(Plan, SegmentsGroupConsecutiveBlocksAndLeaveTheLastPlain) {
   EXPECT_TRUE(plan_for("mlp", {}, "segments:1").units.empty());
   EXPECT_THROW(plan_for("mlp", {}, "segments:5"), UsageError);
   EXPECT_THROW(plan_for("transformer", {"*.attn"}, "segments:2"), UsageError);
+}
+
+TEST(Plan, TheCompilersBudgetIsAPolicyOfCompiledModelsOnly) {
+  // A C++ model runs no compiler: budget:F is refused in one line that says where it applies.
+  try {
+    plan_for("mlp", {}, "budget:0.5");
+    ADD_FAILURE() << "budget:0.5 accepted for a C++ model";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--compile"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Plan, UnmatchedGlobsAreUsageErrors) {

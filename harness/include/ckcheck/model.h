@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,15 @@ class SiteRunner {
   /// True when this forward checkpoints some unit: a model that checkpoints itself (its own
   /// switch, as Hugging Face's gradient_checkpointing_enable) turns its switch on then.
   virtual bool checkpointing() const { return false; }
+
+  /// The sites this forward checkpoints (each a unit of its own): what a model that applies the
+  /// checkpoints itself -- inside a compiled graph, where no call can reach the runner -- reads
+  /// before its forward. Empty when it checkpoints none.
+  virtual std::vector<std::string> checkpointed_sites() const { return {}; }
+
+  /// Under a budget:F policy, F: the compiler's activation memory budget decides what a compiled
+  /// model's backward recomputes, and no module is checkpointed. nullopt otherwise.
+  virtual std::optional<double> compiler_budget() const { return std::nullopt; }
 };
 
 /// Calls every site plainly: the reference run.
@@ -81,6 +91,42 @@ std::string state_display_name(const std::string& name);
 struct SiteMemory {
   double stored = 0.0;  // what the site's forward keeps for its backward
   double input = 0.0;   // its input: what a checkpoint keeps instead
+};
+
+/// A random op that a compiled backward runs again, as the compiled graph shows it.
+struct CompiledRandomOp {
+  std::string site;    // the module it belongs to ("blocks.0.drop"); "" when the graph does not say
+  std::string op;      // the graph's op ("prims.inductor_random.default")
+  std::string source;  // the user's code that made it ("torch.randn_like(h)", model.py:12), when known
+};
+
+/// What a model trained through a compiler (a Python model under --compile) saw of its compiled
+/// steps: how they were compiled, and what the compiled graphs of the plain and the checkpointed
+/// step hold. The runner's reference is the compiled plain step; the eager step is compared here.
+struct CompiledSteps {
+  std::string mode = "default";  // torch.compile's mode
+  double memory_budget = 1.0;    // the compiler's activation memory budget in the checkpointed step
+  /// The checkpointed step is one compiled whole that does not depend on which units a plan names
+  /// (the model's own switch, or the budget alone): its units cannot be checkpointed one at a time.
+  bool whole_graph = false;
+  double compile_seconds = 0.0;  // compiling both steps (their first runs)
+  int64_t plain_graphs = 0, checkpointed_graphs = 0;  // forward graphs: graph breaks + 1
+  std::vector<std::string> graph_breaks;              // why Dynamo broke the graphs, both steps
+  int64_t plain_saved = 0, checkpointed_saved = 0;    // tensors the forward graphs save for backward
+  /// Bytes of the activations the compiled forward saves for backward (the compiler's own estimate,
+  /// from its graphs; parameters and inputs aside): the plain step's, and the step run last's.
+  int64_t plain_saved_bytes = 0, last_saved_bytes = 0;
+  int64_t plain_backward_random = 0;                  // random ops in the plain step's backward graphs
+  /// Random ops the checkpointed step's backward runs again with new random numbers (seeds it draws
+  /// itself), and how many it runs again on the forward's seeds (replayed).
+  std::vector<CompiledRandomOp> recomputed_random;
+  int64_t replayed_random = 0;
+  // The eager plain step against the compiled plain step: the reference for the math.
+  bool eager_compared = false;
+  std::string eager_note;      // why it was not compared ("" when it was)
+  double eager_max_rel = 0.0;  // largest difference relative to the tensor's largest magnitude
+  std::string eager_worst;     // the tensor it was found in
+  double eager_tolerance = 0.0;
 };
 
 class Model {
@@ -156,6 +202,10 @@ class Model {
                                                      const CheckpointOptions& options) {
     return ckcheck::checkpoint(fn, inputs, options);
   }
+
+  /// What the compiler did with the steps, when the model trains compiled (--compile); nullopt
+  /// otherwise. Read after the steps ran.
+  virtual std::optional<CompiledSteps> compiled_steps() const { return std::nullopt; }
 
   /// Model options as given, for reports and the reproduce command ("layers" -> "4").
   virtual std::map<std::string, std::string> options() const { return {}; }

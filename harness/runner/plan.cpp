@@ -273,9 +273,9 @@ Plan Plan::make(const Model& model, const std::vector<std::string>& site_globs,
       break;
     case Policy::Kind::kBudget:
       if (!model.compiled_steps()) {
-        throw UsageError(fmt::format("policy {} is the compiler's activation memory budget: it applies to a model "
-                                     "trained compiled (--compile, Python models)",
-                                     policy.text()));
+        throw FieldError("policy", fmt::format("policy {} is the compiler's activation memory budget: it applies to a "
+                                               "model trained compiled (@compile, Python models)",
+                                               policy.text()));
       }
       for (const auto& c : plan.candidates) plan.units.push_back({c});
       break;

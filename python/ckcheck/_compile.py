@@ -29,6 +29,10 @@ import torch
 # up to 8e-5 (a BatchNorm bias's gradient, reduced in another order), so 1e-3 leaves room.
 EAGER_TOLERANCE = 1e-3
 
+# How facts() marks a graph break that only the checkpointed step's compile met (checks/compile.cpp
+# reads it).
+CHECKPOINTED_ONLY = "checkpointed step only: "
+
 _SEED_OPS = ("inductor_seed", "inductor_lookup_seed", "inductor_seeds")
 
 
@@ -130,7 +134,7 @@ class _Graphs:
         self.backward_replayed = 0  # random ops that replay the forward's seeds
         self.forward_random = 0
         self.saved_bytes = 0  # activations saved for backward (parameters and inputs aside)
-        self.breaks = []
+        self.breaks = {}  # Dynamo's reason (its first line) -> how many times
         self.seconds = 0.0
 
 
@@ -283,8 +287,10 @@ class Compiler:
         if self._building.forward > 0 or old is None:
             self._building.seconds += time.perf_counter() - t0 + (old.seconds if old else 0.0)
             after = counters["graph_break"]
-            self._building.breaks = [f"{reason} ({after[reason] - breaks.get(reason, 0)}x)" for reason in after
-                                     if after[reason] > breaks.get(reason, 0)]
+            for reason in after:
+                if after[reason] > breaks.get(reason, 0):
+                    first = str(reason).strip().splitlines()[0] if str(reason).strip() else "graph break"
+                    self._building.breaks[first] = self._building.breaks.get(first, 0) + after[reason] - breaks.get(reason, 0)
             self.graphs[key] = self._building
         else:
             self._building = old
@@ -360,7 +366,10 @@ class Compiler:
         plain = self.graphs.get(("plain",), _Graphs())
         checkpointed = [g for key, g in self.graphs.items() if key != ("plain",)]
         last = self.graphs.get(self._last_checkpointed, _Graphs())
-        breaks = list(dict.fromkeys(plain.breaks + [b for g in checkpointed for b in g.breaks]))
+        # The plain step's graph breaks, then those only the checkpointed step's compile met (a
+        # checkpoint Dynamo could not trace runs outside the graph): marked, for the compile check.
+        breaks = [f"{reason} ({n}x)" for reason, n in plain.breaks.items()]
+        breaks += [f"{CHECKPOINTED_ONLY}{reason} ({n}x)" for reason, n in last.breaks.items() if reason not in plain.breaks]
         random = []
         for g in checkpointed:
             for item in g.backward_random:

@@ -221,6 +221,14 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     except Exception as e:
         raise UsageError(_failure("the factory raised", e, sep=" ")) from e
     module, args, kwargs, loss, enable, disable = _parse_result(result)
+    if type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+        # torch.compile(model): the program trained is compiled. ckcheck compiles the module itself,
+        # once plainly and once checkpointed, so it takes the module the factory compiled.
+        if compile_opts is None:
+            raise UsageError("the factory returns a compiled module (torch.compile); add --compile (compile=True in "
+                             "ckcheck.run, with --compile-mode for its mode): ckcheck compiles the module itself, "
+                             "plainly and checkpointed")
+        module = module._orig_mod
     if not args and not kwargs:
         args = _option_inputs(input_opts)
     elif input_opts.get("tensor") is not None or input_opts.get("file"):

@@ -4,6 +4,7 @@ PyTorch does, it compiles the model with torch.compile alone (no ckcheck code) t
 detection has its negative control.
 """
 
+import functools
 import importlib.util
 
 import pytest
@@ -79,15 +80,53 @@ def test_the_same_layers_without_random_ops_pass_under_a_zero_budget(ckcheck):
     assert c["details"]["eager_max_rel"] <= c["details"]["eager_tolerance"]
 
 
-def test_torchs_checkpoint_inside_the_compiled_graph_replays_the_random_ops(ckcheck):
+@pytest.mark.parametrize("mode", ["torch", "torch-reentrant"])
+def test_torchs_checkpoint_inside_the_compiled_graph_replays_the_random_ops(ckcheck, mode):
     # The negative control of the budget: the same random model, checkpointed block by block
-    # inside the compiled graph, recomputes its random ops on the forward's seeds.
-    r = ckcheck("run", "--model", f"{MODELS}:random_ops", "--compile", "--checkpoint", "torch")
+    # inside the compiled graph (both modes are the compiler's checkpoint there), recomputes its
+    # random ops on the forward's seeds.
+    r = ckcheck("run", "--model", f"{MODELS}:random_ops", "--compile", "--checkpoint", mode)
     assert r.code == 0, r.out + r.err
     assert r.check("gradients")["status"] == "pass"
     assert r.check("rng")["status"] == "pass"
     assert "replayed" in r.check("rng")["summary"]
     assert r.report["model"]["units"] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert r.check("compile")["status"] == "pass"  # no graph break: the control of the next test
+
+
+def checkpoints_in_dynamos_graphs(name):
+    """PyTorch alone: how many torch.utils.checkpoint calls Dynamo keeps in its graphs when every
+    block of the model is checkpointed and the model compiled."""
+    torch._dynamo.reset()
+    model, x = _factory(name)
+    for b in model.blocks:
+        b.forward = functools.partial(torch.utils.checkpoint.checkpoint, b.forward, use_reentrant=False)
+    kept = []
+
+    def backend(gm, example_inputs):
+        kept.extend(n for n in gm.graph.nodes if "checkpoint" in str(n.target))
+        return gm.forward
+
+    torch.compile(model, backend=backend)(x).sum().backward()
+    torch._dynamo.reset()
+    return len(kept)
+
+
+def test_a_graph_break_inside_a_checkpointed_block_is_reported(ckcheck):
+    # PyTorch alone: Dynamo cannot keep the checkpoint of a block that breaks the graph in its
+    # graphs (it keeps all three without the break), so that checkpoint runs outside them.
+    assert checkpoints_in_dynamos_graphs("no_random_ops") == 3
+    assert checkpoints_in_dynamos_graphs("graph_break_in_a_block") < 3
+    r = ckcheck("run", "--model", f"{MODELS}:graph_break_in_a_block", "--compile", "--checkpoint", "torch")
+    assert r.code == 0, r.out + r.err  # warnings
+    c = r.check("compile")
+    assert c["status"] == "warn"
+    [finding] = findings(c, "graph-break")
+    assert "skipped" in finding["message"]
+    # The checkpoint outside the graph sums the gradients in other kernels: rounding, said as such.
+    g = r.check("gradients")
+    assert g["status"] in ("pass", "warn")
+    assert {f["cause"] for f in g["findings"]} <= {"accumulation-order"}
 
 
 def test_a_model_that_checkpoints_its_own_blocks_passes_compiled_whole(ckcheck):
@@ -97,6 +136,17 @@ def test_a_model_that_checkpoints_its_own_blocks_passes_compiled_whole(ckcheck):
     assert r.report["config"]["checkpoint"] == "model"
     assert r.check("gradients")["status"] == "pass"
     assert r.check("compile")["details"]["checkpointed_graphs"] == 1
+
+
+def test_a_module_the_factory_compiled_is_checked_compiled(ckcheck):
+    # Without --compile the program checked would not be the one trained: refused, saying what to add.
+    r = ckcheck("run", "--model", f"{MODELS}:compiled_by_the_factory")
+    assert r.code == 2 and "add --compile" in r.err, r.out + r.err
+    r = ckcheck("run", "--model", f"{MODELS}:compiled_by_the_factory", "--compile", "--compile-mode", "reduce-overhead")
+    assert r.code == 0, r.out + r.err
+    assert r.report["config"]["compile_mode"] == "reduce-overhead"
+    assert r.check("compile")["details"]["mode"] == "reduce-overhead"
+    assert r.report["model"]["units"] == ["blocks.0", "blocks.1", "blocks.2"]
 
 
 # ---- diagnose names the site -------------------------------------------------------------------

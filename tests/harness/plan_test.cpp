@@ -85,8 +85,10 @@ TEST(Plan, TheCompilersBudgetIsAPolicyOfCompiledModelsOnly) {
   try {
     plan_for("mlp", {}, "budget:0.5");
     ADD_FAILURE() << "budget:0.5 accepted for a C++ model";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--compile"), std::string::npos) << e.what();
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.field(), "policy");
+    const auto text = e.render([](const std::string& name) { return "--" + name; });
+    EXPECT_NE(text.find("--compile"), std::string::npos) << text;
   }
 }
 

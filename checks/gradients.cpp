@@ -95,10 +95,19 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
                                "ops changed it (a hook, or code that assigns or frees .grad); run `ckcheck diagnose`"
                              : "no site-level evidence explains it; run `ckcheck diagnose`";
   } else {
-    f.cause = explained.front().cause;
-    f.site = explained.front().site;
-    f.hint = explained.front().hint;
-    evidence = explained.front().evidence;
+    // Compiled, each unit's explanation is its own graph's (a block recomputing its own random ops):
+    // a tensor of a unit that has one is that unit's; otherwise, and eagerly, the first.
+    const SiteExplanation* e = &explained.front();
+    if (ctx.records.compiled) {
+      const auto unit = owning_unit(ctx.plan, d.name);
+      for (const auto& x : explained) {
+        if (x.site == unit) e = &x;
+      }
+    }
+    f.cause = e->cause;
+    f.site = e->site;
+    f.hint = e->hint;
+    evidence = e->evidence;
   }
   return f;
 }

@@ -159,11 +159,16 @@ std::optional<CheckResult> plain_not_repeatable(const std::string& id, const Che
   CheckResult r;
   r.id = id;
   r.status = Status::kError;
+  const std::string why =
+      ctx.records.compiled
+          ? "compiled kernels that add in parallel (on the CPU, inductor's embedding backward adds across threads), "
+            "or state ckcheck cannot see; compare within a --tolerance (rtol=1e-4,atol=1e-6)"
+          : "state ckcheck cannot see (declare it: Model::extra_state, a buffer or an attribute) or a non-deterministic "
+            "op outside the checkpointed sites";
   r.summary = fmt::format(
       "two plain steps from the same restored state already differ ({} tensors, first {}): the step is not repeatable "
-      "without checkpointing, so checkpointing cannot be judged -- state ckcheck cannot see (declare it: "
-      "Model::extra_state, a buffer or an attribute) or a non-deterministic op outside the checkpointed sites",
-      names->size(), names->front());
+      "without checkpointing, so checkpointing cannot be judged -- {}",
+      names->size(), names->front(), why);
   r.details["plain_not_repeated"] = *names;
   return r;
 }

@@ -296,22 +296,32 @@ class Compiler:
             self._building = old
         return out
 
+    def _one_step(self, forward, inputs):
+        """One training step from the model's current state: forward(args, kwargs), the loss, and a
+        seeded upstream gradient for each output that carries a graph. Returns the float outputs and
+        whether the step drew from the default generator."""
+        adapter = self.adapter
+        torch.manual_seed(0)
+        args, kwargs = adapter.arguments(inputs())
+        rng = torch.get_rng_state()
+        with torch.enable_grad():
+            out = forward(args, kwargs)
+            if adapter.loss is not None:
+                out = adapter.loss(out)
+        drew = not torch.equal(rng, torch.get_rng_state())
+        outputs = adapter.float_outputs(out)
+        graded = [t for t in outputs if t.requires_grad]
+        if graded:
+            torch.autograd.backward(graded, [_projection(t, i) for i, t in enumerate(graded)])
+        return outputs, drew
+
     def warm_up(self, key, inputs):
         """One step of a variant from the start state, put back after: compiles it."""
-        adapter = self.adapter
-        start = adapter.snapshot()
+        start = self.adapter.snapshot()
         try:
-            torch.manual_seed(0)
-            args, kwargs = adapter.arguments(inputs())
-            with torch.enable_grad():
-                out = self.run(key, args, kwargs)
-                if adapter.loss is not None:
-                    out = adapter.loss(out)
-            outputs = [t for t in adapter.float_outputs(out) if t.requires_grad]
-            if outputs:
-                torch.autograd.backward(outputs, [_projection(t, i) for i, t in enumerate(outputs)])
+            self._one_step(lambda args, kwargs: self.run(key, args, kwargs), inputs)
         finally:
-            adapter.restore(start)
+            self.adapter.restore(start)
             self._set_up(("plain",))
 
     # -- the eager step against the compiled plain step --------------------------------------------
@@ -320,22 +330,13 @@ class Compiler:
         parameter gradients, as the largest difference relative to each tensor's magnitude."""
         adapter = self.adapter
         start = adapter.snapshot()
+        steps = {"eager": lambda args, kwargs: adapter.module(*args, **kwargs),
+                 "compiled": lambda args, kwargs: self.run(("plain",), args, kwargs)}
         results = []
         try:
-            for compiled in (False, True):
+            for forward in steps.values():
                 adapter.restore(start)
-                torch.manual_seed(0)
-                args, kwargs = adapter.arguments(inputs())
-                rng = torch.get_rng_state()
-                with torch.enable_grad():
-                    out = self.run(("plain",), args, kwargs) if compiled else adapter.module(*args, **kwargs)
-                    if adapter.loss is not None:
-                        out = adapter.loss(out)
-                drew = not torch.equal(rng, torch.get_rng_state())
-                outputs = adapter.float_outputs(out)
-                grads_of = [t for t in outputs if t.requires_grad]
-                if grads_of:
-                    torch.autograd.backward(grads_of, [_projection(t, i) for i, t in enumerate(grads_of)])
+                outputs, drew = self._one_step(forward, inputs)
                 tensors = [(f"output {i}", t.detach().clone()) for i, t in enumerate(outputs)]
                 tensors += [(n, p.grad.detach().clone()) for n, p in adapter.module.named_parameters() if p.grad is not None]
                 results.append((tensors, drew))

@@ -235,7 +235,8 @@ std::string bench_clock_description(const torch::Device& device) {
 class Rounds {
  public:
   Rounds(Runner& runner, const std::vector<Entry>& entries, const BenchOptions& options, BenchResult& r)
-      : runner_(runner), entries_(entries), options_(options), r_(r) {}
+      : runner_(runner), entries_(entries), options_(options), r_(r),
+        compiled_(runner.model().compiled_steps().has_value()) {}
 
   // Warm-ups first; a policy whose step fails (or does not fit) drops out of the rounds.
   void warm_up(const std::vector<size_t>& active) {
@@ -288,8 +289,8 @@ class Rounds {
     if (options_.memory_budget_bytes >= 0 && m.baseline_bytes + m.peak_bytes > options_.memory_budget_bytes) b.fits = false;
     // A compiled model: the compiler's own estimate, the activations its graphs save for backward
     // (read after the policy's first steps, which ran its variant last).
-    if (m.error.empty() && !b.analytic_bytes) {
-      if (const auto compiled = runner_.model().compiled_steps()) b.analytic_bytes = static_cast<double>(compiled->last_saved_bytes);
+    if (compiled_ && m.error.empty() && !b.analytic_bytes) {
+      b.analytic_bytes = static_cast<double>(runner_.model().compiled_steps()->last_saved_bytes);
     }
     return m.error.empty();
   }
@@ -301,6 +302,7 @@ class Rounds {
   std::vector<size_t> ok_;
   std::optional<size_t> none_index_;
   int64_t rounds_ = 0;
+  bool compiled_;  // asked once: for a Python model the question is a call into Python
 };
 
 void measure_interleaved(Runner& runner, const std::vector<Entry>& entries, std::vector<size_t> active,

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <tuple>
 
+#include "analyses/session.h"
 #include "harness/support/errors.h"
 #include "harness/support/memory.h"
 #include "harness/support/text.h"
@@ -336,6 +338,34 @@ void measure_interleaved(Runner& runner, const std::vector<Entry>& entries, std:
   if (options.progress) options.progress(steps, steps, "");
 }
 
+// The checks of `ckcheck run` on every measured policy that checkpoints something: a policy whose
+// checkpointed step is not the plain step's equal is measured, shown and never ranked.
+void verify_policies(Runner& runner, const std::vector<Entry>& entries, const std::vector<size_t>& active,
+                     const BenchOptions& options, BenchResult& r) {
+  const auto checks = select_checks({});
+  std::vector<size_t> todo;
+  for (size_t i : active) {
+    if (!entries[i].plan->units.empty() && !r.policies[i].measurement.step_seconds.empty()) todo.push_back(i);
+  }
+  for (size_t k = 0; k < todo.size(); ++k) {
+    auto& p = r.policies[todo[k]];
+    const auto& plan = *entries[todo[k]].plan;
+    if (options.progress) options.progress(k, todo.size(), "checking " + p.policy);
+    const auto outcome = run_checks(runner, plan, options.tolerance, checks);
+    p.checks = verdict_name(verdict_of(outcome.results));
+    for (const auto& c : outcome.results) {
+      if (c.status != Status::kFail && c.status != Status::kError) continue;
+      if (c.findings.empty()) {
+        p.check_failures.push_back(fmt::format("{}: {}", c.id, c.summary));
+        continue;
+      }
+      const auto& f = c.findings.front();
+      p.check_failures.push_back(fmt::format("{}: {}{}", c.id, cause_name(f.cause), f.site.empty() ? "" : " at " + f.site));
+    }
+  }
+  if (options.progress && !todo.empty()) options.progress(todo.size(), todo.size(), "");
+}
+
 }  // namespace
 
 BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options) {
@@ -344,6 +374,7 @@ BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs
   BenchResult r;
   r.device = config.device.str();
   r.memory_budget_bytes = options.memory_budget_bytes;
+  r.check_command = options.check_command;
   r.max_overhead = options.max_overhead;
   r.formula = model.analytic_formula();
   if (model.compiled_steps()) {
@@ -376,6 +407,7 @@ BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs
     r.policies.push_back(b);
   }
   measure_interleaved(runner, entries, active, options, r);
+  if (options.verify) verify_policies(runner, entries, active, options, r);
   recommend(r);
   return r;
 }
@@ -390,6 +422,14 @@ double total_bytes(Point p) { return static_cast<double>(p->measurement.baseline
 bool same_time(Point a, Point b) { return std::abs(a->time_ratio - b->time_ratio) <= kTimeResolution; }
 // a is faster than b beyond the resolution.
 bool faster(Point a, Point b) { return a->time_ratio < b->time_ratio && !same_time(a, b); }
+
+// How much a policy recomputes, from its plan alone: fewer checkpointed sites recompute less; of a
+// compiler's budgets (which cover every site), the larger budget.
+std::pair<size_t, double> recompute_key(Point p) {
+  double less_budget = 0.0;
+  if (p->policy.rfind("budget:", 0) == 0) less_budget = 1.0 - std::strtod(p->policy.c_str() + 7, nullptr);
+  return {p->checkpointed.size(), less_budget};
+}
 
 // Memory compared at kMemoryResolution of the largest peak measured.
 struct MemoryScale {
@@ -474,7 +514,8 @@ void recommend_within_budget(BenchResult& r, const std::vector<Point>& measured,
   }
 }
 
-void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, Point none) {
+// `fitting` are ranked; the curve's ends come from `curve`, every passing policy that fits.
+void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, const std::vector<Point>& curve, Point none) {
   // The policies no other beats on both memory and time.
   const MemoryScale memory(fitting);
   std::vector<Point> front;
@@ -506,8 +547,8 @@ void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, Point non
   // took one off the front (the smallest, when the next saves nearly as much and runs faster).
   auto by_time = [](Point a, Point b) { return std::make_pair(a->time_ratio, total_bytes(a)) < std::make_pair(b->time_ratio, total_bytes(b)); };
   auto by_memory = [](Point a, Point b) { return std::make_pair(total_bytes(a), a->time_ratio) < std::make_pair(total_bytes(b), b->time_ratio); };
-  const auto* fastest = *std::min_element(fitting.begin(), fitting.end(), by_time);
-  const auto* smallest = *std::min_element(fitting.begin(), fitting.end(), by_memory);
+  const auto* fastest = *std::min_element(curve.begin(), curve.end(), by_time);
+  const auto* smallest = *std::min_element(curve.begin(), curve.end(), by_memory);
   const double t0 = fastest->time_ratio, t1 = smallest->time_ratio;
   const double m0 = total_bytes(smallest), m1 = total_bytes(fastest);
   const double span = t1 > t0 ? t1 - t0 : 1.0;
@@ -530,20 +571,57 @@ void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, Point non
 }  // namespace
 
 void recommend(BenchResult& r) {
-  Point none = nullptr;
-  std::vector<Point> measured, fitting;
-  for (const auto& p : r.policies) {
+  std::vector<PolicyBench*> passing;
+  for (auto& p : r.policies) {
+    p.ranked = false;
+    p.not_ranked.clear();
     if (p.measurement.step_seconds.empty()) continue;
-    measured.push_back(&p);
-    if (p.checkpointed.empty() && p.policy == "none") none = &p;
-    if (p.fits) fitting.push_back(&p);
+    if (!p.checks.empty() && p.checks != "pass") {
+      p.not_ranked = fmt::format("{} the checks: {}", p.checks == "fail" ? "fails" : "could not pass",
+                                 fmt::join(p.check_failures, "; "));
+      r.warnings.push_back(fmt::format("{}: not ranked: its checkpointed step {}; the findings: {} --policy {}", p.policy,
+                                       p.not_ranked, r.check_command.empty() ? "ckcheck run" : r.check_command,
+                                       p.policy));
+      continue;
+    }
+    passing.push_back(&p);
   }
-  if (measured.empty()) {
+  if (passing.empty()) {
     r.reason = "no policy could be measured";
     return;
   }
+  std::vector<Point> measured(passing.begin(), passing.end());
+  Point none = nullptr;
+  for (const auto* p : measured) {
+    if (p->checkpointed.empty() && p->policy == "none") none = p;
+  }
   if (!r.too_noisy) warn_too_fine(r, measured);
   warn_not_effective(r, measured, none);
+  // One policy stands for each memory class: in the order of how much they recompute (known from
+  // the plans), a policy whose peak is within the resolution of one already standing is not ranked.
+  const MemoryScale memory(measured);
+  std::vector<PolicyBench*> order = passing;
+  std::stable_sort(order.begin(), order.end(), [](Point a, Point b) { return recompute_key(a) < recompute_key(b); });
+  std::vector<Point> standing;
+  for (auto* p : order) {
+    const auto it = std::find_if(standing.begin(), standing.end(), [&](Point q) {
+      return std::abs(total_bytes(p) - total_bytes(q)) <= memory.tolerance;
+    });
+    if (it == standing.end()) {
+      p->ranked = true;
+      standing.push_back(p);
+    } else {
+      p->not_ranked = fmt::format("its peak is within {:.0f}% of {}'s, which recomputes less", 100 * kMemoryResolution,
+                                  (*it)->policy);
+    }
+  }
+  std::vector<Point> ranked, fitting, curve;
+  for (const auto* p : passing) {  // in the order measured
+    if (p->fits) curve.push_back(p);
+    if (!p->ranked) continue;
+    ranked.push_back(p);
+    if (p->fits) fitting.push_back(p);
+  }
   if (r.memory_budget_bytes >= 0) return recommend_within_budget(r, measured, fitting);
   if (r.too_noisy) {
     const auto* smallest = *std::min_element(measured.begin(), measured.end(), [](Point a, Point b) { return total_bytes(a) < total_bytes(b); });
@@ -551,7 +629,8 @@ void recommend(BenchResult& r) {
                            smallest->policy, format_bytes(total_bytes(smallest)));
     return;
   }
-  recommend_knee(r, fitting.empty() ? measured : fitting, none);
+  if (fitting.empty()) return recommend_knee(r, ranked, measured, none);
+  recommend_knee(r, fitting, curve, none);
 }
 
 void withhold_imprecise_times(BenchResult& result) {

@@ -36,6 +36,17 @@ struct PolicyBench {
   double cpu_median_s = 0;
   bool fits = true;
   std::string note;  // why it was not measured, or what stopped it
+  /// The checks of `ckcheck run` on this policy's checkpointed step against the plain one: pass,
+  /// fail or error; empty where nothing is checkpointed (none) or the step was not measured. A
+  /// policy that does not pass is measured and shown, never ranked.
+  std::string checks;
+  /// The checks that did not pass, each as "id: cause at site" (its first finding).
+  std::vector<std::string> check_failures;
+  /// Ranked: measured, passes its checks (or has nothing to check), and is the policy that stands
+  /// for its memory class (see recommend). Set by recommend.
+  bool ranked = false;
+  /// Where not ranked though measured, why (set by recommend).
+  std::string not_ranked;
   bool measured() const { return note.empty() || !measurement.step_seconds.empty(); }
 };
 
@@ -49,6 +60,13 @@ struct BenchOptions {
   int64_t memory_budget_bytes = -1;  // total for the step (baseline + peak); -1: none
   /// The field guide's line between acceptable and too fine: the overhead check's knob.
   double max_overhead = max_overhead_knob().default_value;
+  /// Run the checks on each policy's checkpointed step before ranking it (bench never ranks a
+  /// policy whose step fails a correctness check); with what equality.
+  bool verify = true;
+  Tolerance tolerance;
+  /// The `ckcheck run` command of this model without --policy: where the findings of a policy that
+  /// fails its checks are seen in full.
+  std::string check_command;
   /// Called before each policy is measured (for a progress bar).
   std::function<void(size_t index, size_t total, const std::string& policy)> progress;
 };
@@ -66,6 +84,7 @@ struct BenchResult {
   int64_t rounds = 0;        // measured rounds, extra ones included
   std::string clock;         // which clock each time figure uses
   bool too_noisy = false;    // time could not be trusted: only the memory verdict stands
+  std::string check_command;  // BenchOptions::check_command
   std::string recommendation;
   std::string reason;
   std::vector<std::string> warnings;
@@ -98,8 +117,11 @@ std::array<double, 3> fast_ratio(const std::vector<double>& num, const std::vect
 /// which the ranking's advice stayed stable run to run. run_bench calls it after its last round.
 void withhold_imprecise_times(BenchResult& result);
 
-/// The recommendation and warnings, from the measurements (run_bench calls it). Time differences
-/// within the ratios' intervals do not rank policies: memory decides between them.
+/// The recommendation and warnings, from the measurements and checks (run_bench calls it). Only
+/// policies that pass their checks are ranked. Peaks within kMemoryResolution of the largest form
+/// one memory class, for which the policy that recomputes least stands (fewest checkpointed sites;
+/// a compiler's budget: the larger; then the order measured): decided by the plan, not the clock.
+/// Time differences within kTimeResolution do not rank policies: memory decides between them.
 void recommend(BenchResult& result);
 
 /// The policy `none` when it was measured: the reference of every ratio (null otherwise).

@@ -17,6 +17,10 @@ constexpr size_t kMaxFindings = 25;
 /// Adds a finding unless the check already lists kMaxFindings; returns whether it was added.
 bool add_finding(CheckResult& r, Finding f);
 
+/// The offload check's word (checks/offload.cpp): gradients gives it to a tensor that the offload's
+/// hooks change in the plain step already.
+extern const Cause kOffload;
+
 /// "3 findings" / "1 finding" style.
 std::string count_of(size_t n, const std::string& what);
 

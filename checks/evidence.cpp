@@ -86,6 +86,14 @@ std::vector<SiteExplanation> explain_compiled(const CheckContext& ctx) {
 
 }  // namespace
 
+bool private_generator_drew_again(const CheckContext& ctx, const std::string& site) {
+  const UnitProbe* probe = probe_for(ctx, site);
+  if (!probe || !probe->private_generator) return false;
+  return std::any_of(ctx.diffs.begin(), ctx.diffs.end(), [&](const TensorDiff& d) {
+    return !d.equal && d.kind == state_kind::kExtra && site_within(state_display_name(d.name), site);
+  });
+}
+
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
   if (ctx.records.compiled) return explain_compiled(ctx);
   std::vector<SiteExplanation> out;
@@ -114,7 +122,7 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
       if (!after.empty()) parts.push_back(fmt::format("{} changed in place after the site's forward", inputs(after)));
       if (!untracked.empty()) parts.push_back(fmt::format("{}: content changed before the recompute", inputs(untracked)));
       if (!parts.empty()) found = SiteExplanation{site, Cause::kInPlace, fmt::format("{}", fmt::join(parts, "; "))};
-      if (found || !(recompute_differs(c) || c.recompute_failed)) continue;
+      if (found || !(recompute_differs(c) || c.recompute_failed || private_generator_drew_again(ctx, site))) continue;
       if (!c.state_changed.empty()) {
         found = SiteExplanation{site, Cause::kInPlace,
                                 fmt::format("{} was changed after the site's forward and before its recompute, so the "

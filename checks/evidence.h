@@ -30,6 +30,12 @@ std::optional<size_t> first_dtype_difference(const CallEvidence& call);
 /// True when a call's recompute did not reproduce its forward outputs bitwise.
 bool recompute_differs(const CallEvidence& call);
 
+/// The unit draws from a generator of its own (its probe says so) and state it holds ends the
+/// checkpointed step elsewhere than the plain step's: its recompute drew again. Evidence where the
+/// unit's outputs cannot show it -- selective checkpointing hands back the forward's outputs of the
+/// ops it saved, while the ops it recomputed with the new numbers feed the backward.
+bool private_generator_drew_again(const CheckContext& ctx, const std::string& site);
+
 /// For every checkpointed unit whose evidence shows a hazard, its cause, in plan order.
 /// The state a call saw changed before its recompute, in words: each name, and "(shared by N
 /// sites)" after one the model reaches through several module paths.

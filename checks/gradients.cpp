@@ -54,6 +54,7 @@ struct StepEvidence {
   std::vector<SiteExplanation> explained;  // sites whose recompute differs, and why
   bool rounding = false;                   // the differences are rounding only
   bool faithful = false;                   // calls were recomputed, each reproducing its forward bitwise
+  std::vector<std::string> offload_changed;  // --offload: tensors the offload's hooks change in the plain step
 };
 
 // The cause and site of one differing tensor, and the evidence for it, in words.
@@ -68,6 +69,10 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
     f.cause = Cause::kNonFinite;
     evidence = fmt::format("{} has {} NaN/Inf values with checkpointing, {} without", d.name,
                            d.nonfinite_checkpointed, d.nonfinite_reference);
+  } else if (std::find(step.offload_changed.begin(), step.offload_changed.end(), d.name) != step.offload_changed.end()) {
+    f.cause = kOffload;
+    evidence = fmt::format("offloaded, the plain step's {} differs from the plain step's too: the offload's hooks "
+                           "changed it, checkpoints aside (see the offload check)", d.name);
   } else if (step.rounding && ctx.records.compiled) {
     f.cause = Cause::kAccumulationOrder;
     evidence = fmt::format(
@@ -218,6 +223,7 @@ class GradientsCheck : public Check {
       all_equal = all_equal && !c.output_diffs.empty() && !recompute_differs(c);
     }
     step.faithful = recomputed && all_equal;
+    if (const auto offload = ctx.model.offload_facts()) step.offload_changed = offload->differs;
     std::vector<Group> groups;
     size_t compared = 0, differing = 0;
     const bool restructured = structure_differs(ctx);

@@ -75,7 +75,9 @@ class RngCheck : public Check {
       ++random_sites;
       const bool private_gen = probe && probe->private_generator;
       const bool asked_off = !ctx.config.checkpoint.preserve_rng_state;
-      if (!differs || !(private_gen || asked_off || !replayed)) continue;
+      // Selective checkpointing may hand back the forward's outputs: then the generator tells.
+      const bool drew_again = !differs && private_generator_drew_again(ctx, site);
+      if (!(differs || drew_again) || !(private_gen || asked_off || !replayed)) continue;
       Finding f;
       f.cause = Cause::kRng;
       f.site = site;
@@ -86,10 +88,17 @@ class RngCheck : public Check {
                    {"private_generator", private_gen},
                    {"rng_state_preserved", ctx.config.checkpoint.preserve_rng_state && replayed}};
       if (private_gen) {
-        f.message = "the site draws random numbers from its own torch::Generator, which no "
-                    "checkpoint saves or restores, so its recompute draws other numbers";
-        f.hint = "draw from the default generator (whose state the checkpoint replays), or "
-                 "exclude this site from checkpointing";
+        f.message = drew_again
+                        ? "the site draws random numbers from its own generator, which no checkpoint saves or "
+                          "restores: its recompute drew again (the generator ends the step elsewhere than the plain "
+                          "step's), and the ops recomputed from those numbers feed the backward although the unit's "
+                          "outputs equal the forward's (the checkpoint saved them)"
+                        : "the site draws random numbers from its own torch::Generator, which no "
+                          "checkpoint saves or restores, so its recompute draws other numbers";
+        f.hint = drew_again ? "save the random op in the op policy (--sac-save ...,aten.OP), draw from the default "
+                              "generator (whose state the checkpoint replays), or exclude this site from checkpointing"
+                            : "draw from the default generator (whose state the checkpoint replays), or "
+                              "exclude this site from checkpointing";
       } else {
         f.message = "the site draws random numbers and the RNG state is not replayed in the "
                     "recompute (it ends in another RNG state than the forward), so it draws a different "

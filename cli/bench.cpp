@@ -48,6 +48,11 @@ const OptionTable<BenchCliOptions>& bench_option_table() {
                     &BenchCliOptions::time_budget)
                     .check(finite_number(0, 86400))
                     .config("time_budget"));
+    t.push_back(Row("--tolerance",
+                    "when tensors count as equal in the checks every policy's checkpointed step must pass before it is "
+                    "ranked (those of ckcheck run): bitwise, rtol=R,atol=A or ulp=N",
+                    &BenchCliOptions::tolerance)
+                    .config("tolerance"));
     t.push_back(Row("--threads",
                     fmt::format("intra-op threads, 1 to {} (four per hardware thread; default: LibTorch's)", max_threads()),
                     &BenchCliOptions::threads)
@@ -71,6 +76,10 @@ void setup_bench(CLI::App& app, int& exit_code) {
       "times (other processes only add time) with its 95% interval, more rounds are measured while an interval "
       "is wider than +-3% (up to --time-budget), and policies whose times cannot be told apart are decided on "
       "memory. none is always measured, as the reference.\n"
+      "Every policy that checkpoints something is also checked as ckcheck run checks it (its checkpointed step "
+      "against the plain one): one that fails is shown, never ranked or recommended. Peaks within 2% of the largest "
+      "are one memory class, for which the policy that recomputes least stands (fewest checkpointed sites, then the "
+      "order listed): a tie is decided by the plan, never by the clock.\n"
       "Example: ckcheck bench --model transformer --layers 8 --hidden 256 --seq 128 --policies "
       "none,every:1,every:2,every:4 --report html=bench.html");
   add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false);
@@ -89,6 +98,8 @@ int run_bench_command(const BenchCliOptions& o) {
   options.warmup = o.warmup;
   options.max_overhead = o.max_overhead;
   options.time_budget_s = o.time_budget;
+  options.tolerance = Tolerance::parse(o.tolerance);
+  options.check_command = "ckcheck run " + model_command_line(o.model, /*with_policy=*/false);
   if (!o.memory_budget.empty()) options.memory_budget_bytes = parse_bytes(o.memory_budget);
   const bool bar = isatty(STDERR_FILENO) != 0;
   options.progress = [bar](size_t i, size_t n, const std::string& policy) {
@@ -103,6 +114,7 @@ int run_bench_command(const BenchCliOptions& o) {
   CheckpointChoice checkpoint;
   auto model = build_model(o.model, 1, &checkpoint);
   RunConfig config = run_config(o.model);
+  fit_to_checkpoint(config, checkpoint);
   Runner runner(*model, config);
   const auto result = run_bench(runner, split_list(o.model.sites), options);
 

@@ -17,6 +17,7 @@ struct BenchCliOptions {
   double max_overhead = max_overhead_knob().default_value;  // the overhead check's knob
   double time_budget = 60;
   int threads = 0;
+  std::string tolerance = "bitwise";  // of the checks each policy's checkpointed step must pass
   std::vector<std::string> reports;
 };
 

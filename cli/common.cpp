@@ -64,6 +64,7 @@ void add_builtin_model_options(CLI::App& app, ModelArgs& args) {
 
 const char* const kFileInputs = "File model inputs";
 const char* const kCompiled = "Compiled training (Python models)";
+const char* const kPolicies = "Op-level checkpointing and offloading (Python models)";
 
 // How a file model's inputs are made, and its training flags.
 OptionTable<ModelArgs> file_input_rows() {
@@ -112,10 +113,11 @@ const OptionTable<ModelArgs>& model_option_table() {
                                      "it has one -- gradient_checkpointing_enable(), timm's set_grad_checkpointing() or "
                                      "the factory's enable/disable --, else torch; ckcheck for the others), ckcheck "
                                      "(ckcheck's own, every model), and for Python models torch (torch.utils.checkpoint, "
-                                     "use_reentrant=False), torch-reentrant (use_reentrant=True) or model (the model's "
+                                     "use_reentrant=False), torch-reentrant (use_reentrant=True), torch-sac (non-reentrant with an "
+                                     "op-level policy: --sac-save or the factory's context_fn) or model (the model's "
                                      "own switch); the reference is always the model without checkpoints",
                                      &ModelArgs::checkpoint)
-                    .check(CLI::IsMember({"auto", "ckcheck", "torch", "torch-reentrant", "model"}))
+                    .check(CLI::IsMember({"auto", "ckcheck", "torch", "torch-reentrant", "torch-sac", "model"}))
                     .config("checkpoint"));
     t.push_back(OptionRow<ModelArgs>("--compile",
                                      "train the Python model compiled (torch.compile, inductor): the eager plain step, "
@@ -139,6 +141,23 @@ const OptionTable<ModelArgs>& model_option_table() {
                     .check(finite_number(0, 1))
                     .group(kCompiled)
                     .config("memory_budget"));
+    t.push_back(OptionRow<ModelArgs>("--sac-save",
+                                     "with --checkpoint torch-sac, the ops the checkpointed units save, comma-separated "
+                                     "(aten.mm,aten.bmm or an overload, aten.mm.default); every other op is recomputed "
+                                     "(selective activation checkpointing)",
+                                     &ModelArgs::sac_save)
+                    .check(non_empty("ops, as aten.mm,aten.bmm"))
+                    .group(kPolicies)
+                    .config("sac_save"));
+    t.push_back(OptionRow<ModelArgs>("--offload",
+                                     "off, or cpu: run the checkpointed step with its saved activations offloaded "
+                                     "(saved-tensor hooks that copy each one to the CPU in the forward and back in the "
+                                     "backward; the factory's 'offload' when it gives one); compared with the plain "
+                                     "step without offloading",
+                                     &ModelArgs::offload)
+                    .check(CLI::IsMember({"off", "cpu"}))
+                    .group(kPolicies)
+                    .config("offload"));
     t.push_back(OptionRow<ModelArgs>("--input-requires-grad",
                                      "make every floating-point input require grad and compare input gradients "
                                      "(default: inputs as the model gives them -- a training batch does not require "
@@ -178,7 +197,7 @@ namespace {
 // less --steps for those that count their own.
 std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps) {
   return [with_policy, with_steps](const OptionRow<ModelArgs>& row) {
-    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget")) &&
+    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget" && row.flag() != "--offload")) &&
            (with_steps || row.flag() != "--steps");
   };
 }
@@ -271,11 +290,21 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, Checkp
                                    "ckcheck Python package installed", args.model));
     }
     if (world_size > 1) throw UsageError("--world-size applies to built-in and TorchScript models, not to Python models");
+    if (!args.sac_save.empty() && args.checkpoint != "torch-sac") {
+      throw UsageError("--sac-save is the op policy of selective checkpointing; add --checkpoint torch-sac");
+    }
     if (!args.compile && (args.compile_mode != "default" || args.memory_budget != 1.0)) {
       throw UsageError(fmt::format("{} applies to compiled training; add --compile",
                                    args.compile_mode != "default" ? "--compile-mode" : "--memory-budget"));
     }
     return python_loader()(args, choice);
+  }
+  for (const auto& [given_flag, python_only] : {std::pair<const char*, bool>{"--sac-save", !args.sac_save.empty()},
+                                                {"--offload", args.offload != "off"}}) {
+    if (python_only) {
+      throw UsageError(fmt::format("{} applies to Python models (--model FILE.py:make_model); {} is not one", given_flag,
+                                   args.model));
+    }
   }
   if (args.compile || args.compile_mode != "default" || args.memory_budget != 1.0) {
     throw UsageError(fmt::format("--compile applies to Python models (--model FILE.py:make_model); {} is not one",
@@ -320,6 +349,10 @@ RunConfig run_config(const ModelArgs& args) {
     throw UsageError("--amp fp16 is CUDA's autocast; on the CPU use --amp bf16");
   }
   return c;
+}
+
+void fit_to_checkpoint(RunConfig& config, const CheckpointChoice& checkpoint) {
+  if (checkpoint.name == "torch-sac") config.probe_every_unit = true;
 }
 
 ModelInfo model_info(Model& model, const Plan& plan, const CheckpointChoice& checkpoint, const RunConfig& config) {

@@ -36,7 +36,7 @@ struct ModelArgs {
   std::string input_file;
   std::string mode = "as-saved";
   /// The checkpoint under test: auto (the model's own switch, else torch, for Python models;
-  /// ckcheck for the others), ckcheck, torch, torch-reentrant or model (Python models).
+  /// ckcheck for the others), ckcheck, torch, torch-reentrant, torch-sac or model (Python models).
   std::string checkpoint = "auto";
   /// Every floating-point input requires grad (default: as the model gives them).
   bool input_requires_grad = false;
@@ -45,6 +45,10 @@ struct ModelArgs {
   bool compile = false;
   std::string compile_mode = "default";
   double memory_budget = 1.0;
+  // Op-level selective checkpointing (--checkpoint torch-sac): the aten ops saved, comma-separated;
+  // activation offloading of the checkpointed step: off or cpu (Python models).
+  std::string sac_save;
+  std::string offload = "off";
 
   // Filled by add_model_args: the per-model options (--layers, --hidden, ...).
   std::map<std::string, std::string> raw_options;
@@ -66,7 +70,7 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true, boo
 
 /// The checkpoint a run tests, and why that one (--checkpoint auto resolves by the model).
 struct CheckpointChoice {
-  std::string name;    // ckcheck, torch, torch-reentrant or model
+  std::string name;    // ckcheck, torch, torch-reentrant, torch-sac, model or compiler
   std::string reason;  // one sentence
 };
 
@@ -89,6 +93,12 @@ torch::Device parse_device(const std::string& text);
 
 /// RunConfig from the arguments (flags that switch protections off are set by the caller).
 RunConfig run_config(const ModelArgs& args);
+
+/// What the checkpoint under test asks of the steps. Under selective checkpointing (torch-sac) a
+/// unit's recompute hands back the forward's own outputs for the ops the policy saved, so equal
+/// outputs do not show that the ops it recomputed reproduced theirs: every unit is probed
+/// (RunConfig::probe_every_unit).
+void fit_to_checkpoint(RunConfig& config, const CheckpointChoice& checkpoint);
 
 /// The model part of a report: its sites and plan, the checkpoint under test and its inputs (made
 /// from `config`'s seed, requiring grad as the run's steps see them).

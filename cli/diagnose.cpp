@@ -35,7 +35,8 @@ int run_diagnose(const RunOptions& o) {
   CheckpointChoice checkpoint;
   auto model = build_model(o.model, 1, &checkpoint);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
-  const auto config = run_config(o);
+  auto config = run_config(o);
+  fit_to_checkpoint(config, checkpoint);
   Runner runner(*model, config);
   const auto outcome = run_checks(runner, plan, tolerance, select_checks({}), o.knobs);
   if (!outcome.records.reference.error.empty()) {

@@ -333,6 +333,7 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
   auto model = build_model(o.model, env ? env->world_size : o.world_size, &checkpoint);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   auto config = run_config(o);
+  fit_to_checkpoint(config, checkpoint);
   if (o.config.accumulate > 1 && (o.world_size > 1 || env)) {
     throw UsageError("--accumulate runs in one process; drop --world-size (or torchrun) for it");
   }
@@ -340,6 +341,8 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
   if (o.config.accumulate > 1 && o.checks.empty()) checks.push_back(make_check("gradient-accumulation"));
   // So does compiled training.
   if (o.model.compile && o.checks.empty()) checks.push_back(make_check("compile"));
+  // And offloading.
+  if (o.model.offload != "off" && o.checks.empty()) checks.push_back(make_check("offload"));
   if (!env && o.world_size > 1) {
     status = launch(o, *model, config);
     return std::nullopt;

@@ -12,6 +12,8 @@
 // The GIL: cli_main releases it for the whole run; every call into Python takes it.
 #include <torch/extension.h>
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -85,12 +87,32 @@ void watch_grads(const std::vector<Tensor>& ys, const std::shared_ptr<Checkpoint
 }
 
 // Runs one call of a unit, told to the observer as the forward or as the recompute.
+// The observer's own ops (copies of the outputs, the comparison of a recompute with its forward)
+// run past every Python dispatch mode the model's step has on: the user's program never sees them.
+// Selective checkpointing's mode counts the ops of a recompute against those of its forward, and
+// would take the comparison for ops the forward never ran.
+class OutsideDispatchModes {
+ public:
+  OutsideDispatchModes()
+      : python_(c10::DispatchKeySet(c10::DispatchKey::Python)),
+        snapshot_(c10::DispatchKeySet(c10::DispatchKey::PythonTLSSnapshot)) {}
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard python_, snapshot_;
+};
+
 std::vector<Tensor> observed_call(const SiteFn& fn, const std::vector<Tensor>& xs,
                                   const std::shared_ptr<CheckpointObserver>& observer, const CheckpointCall& call,
                                   bool recompute) {
-  if (observer) recompute ? observer->recompute_begin(call, xs, {}) : observer->forward_begin(call, xs);
+  if (observer) {
+    OutsideDispatchModes outside;
+    recompute ? observer->recompute_begin(call, xs, {}) : observer->forward_begin(call, xs);
+  }
   auto ys = fn(xs);
-  if (observer) recompute ? observer->recompute_end(call, ys) : observer->forward_end(call, xs, ys);
+  if (observer) {
+    OutsideDispatchModes outside;
+    recompute ? observer->recompute_end(call, ys) : observer->forward_end(call, xs, ys);
+  }
   return ys;
 }
 
@@ -178,6 +200,22 @@ class PythonModel : public Model {
     c.eager_worst = d["eager_worst"].cast<std::string>();
     c.eager_tolerance = d["eager_tolerance"].cast<double>();
     return c;
+  }
+
+  std::optional<OffloadFacts> offload_facts() const override {
+    IntoPython gil;
+    const py::object facts = adapter_.attr("offload_facts")();
+    if (facts.is_none()) return std::nullopt;
+    const auto d = facts.cast<py::dict>();
+    OffloadFacts o;
+    o.hooks = d["hooks"].cast<std::string>();
+    o.packed = d["packed"].cast<int64_t>();
+    o.packed_bytes = d["packed_bytes"].cast<int64_t>();
+    o.differs = d["differs"].cast<std::vector<std::string>>();
+    o.worst = d["worst"].cast<std::string>();
+    o.max_rel = d["max_rel"].cast<double>();
+    o.error = d["error"].cast<std::string>();
+    return o;
   }
 
   NamedTensors named_parameters() override { return named("named_parameters"); }
@@ -365,9 +403,12 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
       c["input_requires_grad"] = args.input_requires_grad;
       compile = c;
     }
+    py::dict policy;  // --sac-save, --offload
+    policy["sac_save"] = args.sac_save;
+    policy["offload"] = args.offload;
     const py::object spec = given_model ? given_model->factory : py::cast(args.model);
-    auto adapter =
-        py::module_::import("ckcheck._model").attr("load")(spec, args.seed, inputs, args.checkpoint, args.mode, compile);
+    auto adapter = py::module_::import("ckcheck._model")
+                       .attr("load")(spec, args.seed, inputs, args.checkpoint, args.mode, compile, policy);
     if (given_model) adapter.attr("name") = given_model->name;
     choice = {adapter.attr("checkpoint").cast<std::string>(), adapter.attr("checkpoint_reason").cast<std::string>()};
     return std::make_unique<PythonModel>(adapter, choice.name);

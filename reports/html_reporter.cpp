@@ -22,16 +22,17 @@ class HtmlReporter : public Reporter {
     out << "<h2>Memory and time per policy</h2>\n<p>" << escape_markup(bench_header(b)) << ".</p>\n";
     out << bench_svg(b);
     out << "<table><tr><th>policy</th><th>checkpointed</th><th>peak above baseline</th><th>x none</th><th>analytic</th>"
-           "<th>step time median [min..max]</th><th>x none</th><th>note</th></tr>\n";
+           "<th>step time median [min..max]</th><th>x none</th><th>checks</th><th>note</th></tr>\n";
     for (const auto& row : bench_rows(b)) {
       out << fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
-                         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>\n",
+                         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td>"
+                         "<td>{}</td></tr>\n",
                          escape_markup(row.policy), row.units, row.peak, row.peak_ratio, row.analytic, row.time,
-                         row.time_ratio, escape_markup(row.note));
+                         row.time_ratio, row.checks == "-" ? "skip" : row.checks, row.checks, escape_markup(row.note));
     }
     out << "</table>\n";
     out << fmt::format("<p><b>Recommendation:</b> {} ({}).</p>\n",
-                       b.recommendation.empty() ? "none" : "<code>" + escape_markup(b.recommendation) + "</code>",
+                       b.recommendation.empty() ? "no policy" : "<code>" + escape_markup(b.recommendation) + "</code>",
                        escape_markup(b.reason));
     if (!b.warnings.empty()) {
       out << "<ul>";

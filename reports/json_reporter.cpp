@@ -47,7 +47,10 @@ nlohmann::json op_diff_json(const OpDiff& o) {
 }
 
 nlohmann::json policy_json(const PolicyBench& p, const PolicyBench* none) {
-  nlohmann::json pj = {{"policy", p.policy}, {"checkpointed", p.checkpointed}, {"fits", p.fits}, {"note", p.note}};
+  nlohmann::json pj = {{"policy", p.policy}, {"checkpointed", p.checkpointed}, {"fits", p.fits}, {"note", p.note},
+                       {"checks", p.checks.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.checks)},
+                       {"check_failures", p.check_failures}, {"ranked", p.ranked},
+                       {"not_ranked", p.not_ranked}};
   if (p.measurement.step_seconds.empty()) {
     pj["peak_bytes"] = nullptr;
     pj["time_median_s"] = nullptr;

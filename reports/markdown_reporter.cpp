@@ -56,11 +56,11 @@ class MarkdownReporter : public Reporter {
  private:
   static void bench(const BenchResult& b, std::ostream& out) {
     out << "### Memory and time per policy\n\n" << bench_header(b) << ".\n\n";
-    out << "| policy | checkpointed | peak above baseline | x none | analytic | step time median [min..max] | x none | note |\n";
-    out << "|---|---|---|---|---|---|---|---|\n";
+    out << "| policy | checkpointed | peak above baseline | x none | analytic | step time median [min..max] | x none | checks | note |\n";
+    out << "|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& row : bench_rows(b)) {
-      out << fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} |\n", md_code(row.policy), md_escape(row.units),
-                         row.peak, row.peak_ratio, row.analytic, row.time, row.time_ratio, md_escape(row.note));
+      out << fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |\n", md_code(row.policy), md_escape(row.units),
+                         row.peak, row.peak_ratio, row.analytic, row.time, row.time_ratio, row.checks, md_escape(row.note));
     }
     out << "\n**Recommendation:** " << recommendation_text(b, "`", "`") << ".\n\n";
     for (const auto& w : b.warnings) out << "- warning: " << md_escape(w) << "\n";

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <tuple>
 
 #include "harness/support/text.h"
 
@@ -63,65 +65,196 @@ std::string seconds_text(double s) {
   return fmt::format("{:.0f} us", s * 1e6);
 }
 
-// Memory against time per policy, as an SVG scatter chart with min..max time bars.
+namespace {
+
+// Round tick values spanning [lo, hi]: steps of 1, 2 or 5 times a power of ten, about `want` of them.
+std::vector<double> nice_ticks(double lo, double hi, int want) {
+  if (!(hi > lo)) hi = lo + (lo == 0 ? 1.0 : std::abs(lo) * 0.1);
+  const double raw = (hi - lo) / want;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    step = m * mag;
+    if (step >= raw) break;
+  }
+  // From the tick at or below lo to the one at or above hi, so the ticks span every value.
+  std::vector<double> out;
+  const auto first = static_cast<int64_t>(std::floor(lo / step + 1e-9));
+  const auto last = static_cast<int64_t>(std::ceil(hi / step - 1e-9));
+  for (int64_t k = first; k <= last; ++k) out.push_back(static_cast<double>(k) * step);
+  return out;
+}
+
+// A tick value with as many decimals as its step needs.
+std::string tick_text(double v, double step) {
+  const int decimals = step >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(step) - 1e-9));
+  return fmt::format("{:.{}f}", v, decimals);
+}
+
+struct Box {
+  double x0, y0, x1, y1;
+  bool overlaps(const Box& o) const { return x0 < o.x1 && o.x0 < x1 && y0 < o.y1 && o.y0 < y1; }
+};
+
+}  // namespace
+
+// What decides between policies, as an SVG scatter chart: peak memory above the baseline against
+// step time x none, on axes that span the policies measured (round ticks), the Pareto front of the
+// ranked policies drawn, the recommendation and the memory budget marked, a policy that fails its
+// checks crossed out, and labels placed where they overlap no other label or point.
 std::string bench_svg(const BenchResult& r) {
   struct Point {
     std::string label;
-    double t, tmin, tmax, mem;
-    bool fits;
+    double t, tlo, thi, mem;  // time x none (with its interval), MiB above the baseline
+    bool fits, ranked, failed, chosen;
   };
   std::vector<Point> pts;
-  const double base = static_cast<double>(r.baseline_bytes);
+  const PolicyBench* none = measured_none(r);
   for (const auto& p : r.policies) {
     if (p.measurement.step_seconds.empty()) continue;
-    pts.push_back({p.policy, p.time_median_s * 1e3, p.time_min_s * 1e3, p.time_max_s * 1e3,
-                   (base + static_cast<double>(p.measurement.peak_bytes)) / 1048576.0, p.fits});
+    const bool ratio = none != nullptr;
+    pts.push_back({p.policy, ratio ? p.time_ratio : p.time_median_s * 1e3, ratio ? p.time_ratio_low : p.time_min_s * 1e3,
+                   ratio ? p.time_ratio_high : p.time_max_s * 1e3, static_cast<double>(p.measurement.peak_bytes) / 1048576.0,
+                   p.fits, p.ranked, !p.checks.empty() && p.checks != "pass",
+                   !r.recommendation.empty() && r.recommendation == p.policy});
   }
   if (pts.empty()) return "";
-  double tmax = 0, mmax = 0;
-  for (const auto& p : pts) {
-    tmax = std::max(tmax, p.tmax);
-    mmax = std::max(mmax, p.mem);
-  }
+  const bool ratio = none != nullptr;
   const bool budget = r.memory_budget_bytes >= 0;
-  if (budget) mmax = std::max(mmax, static_cast<double>(r.memory_budget_bytes) / 1048576.0);
-  tmax *= 1.1;
-  mmax *= 1.15;
-  // Axis labels in human units: ms or s, MiB or GiB.
-  const bool in_s = tmax >= 2000, in_gib = mmax >= 2048;
-  const double t_unit = in_s ? 1000.0 : 1.0, m_unit = in_gib ? 1024.0 : 1.0;
-  const double W = 720, H = 420, L = 70, R = 20, T = 20, B = 50;
-  auto x = [&](double t) { return L + (W - L - R) * t / tmax; };
-  auto y = [&](double m) { return H - B - (H - T - B) * m / mmax; };
-  std::string svg = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H, W, H);
-  svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/>\n", L, H - B, W - R, H - B);
-  svg += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/>\n", L, T, L, H - B);
-  for (int i = 0; i <= 5; ++i) {
-    const double tv = tmax * i / 5, mv = mmax * i / 5;
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#444\">{:.3g}</text>\n", x(tv), H - B + 16, tv / t_unit);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#444\">{:.3g}</text>\n", L - 6, y(mv) + 4, mv / m_unit);
-    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#eee\"/>\n", L + 1, y(mv), W - R, y(mv));
+  const double budget_mib = budget ? static_cast<double>(r.memory_budget_bytes - r.baseline_bytes) / 1048576.0 : 0.0;
+  double tlo = 1e300, thi = -1e300, mlo = 1e300, mhi = -1e300;
+  for (const auto& p : pts) {
+    tlo = std::min(tlo, p.t), thi = std::max(thi, p.t);
+    mlo = std::min(mlo, p.mem), mhi = std::max(mhi, p.mem);
   }
-  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step time, {} (median; bar: min..max)</text>\n", (L + W - R) / 2, H - 10, in_s ? "s" : "ms");
-  svg += fmt::format("<text x=\"16\" y=\"{:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1f})\">peak memory, {} (baseline + step)</text>\n", (T + H - B) / 2, (T + H - B) / 2, in_gib ? "GiB" : "MiB");
-  if (budget) {
-    const double by = y(static_cast<double>(r.memory_budget_bytes) / 1048576.0);
-    svg += fmt::format("<line x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#b00020\" stroke-dasharray=\"6 4\"/>\n", L, by, W - R, by);
-    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#b00020\">memory budget</text>\n", W - R, by - 4);
+  // The budget line widens the axis only where it lies near the policies; far above, a note says where.
+  const bool budget_shown = budget && budget_mib > 0 && budget_mib <= mhi + 0.5 * (mhi - mlo) + 1e-9 &&
+                            budget_mib >= mlo - 0.5 * (mhi - mlo) - 1e-9;
+  if (budget_shown) mlo = std::min(mlo, budget_mib), mhi = std::max(mhi, budget_mib);
+  const bool in_gib = mhi >= 2048;
+  const double m_unit = in_gib ? 1024.0 : 1.0;
+  // Axes span the data with a margin, from round ticks: the differences between policies fill the plot.
+  const double tpad = std::max((thi - tlo) * 0.08, std::abs(thi) * 0.01), mpad = std::max((mhi - mlo) * 0.08, std::abs(mhi) * 0.01 + 1e-6);
+  auto xt = nice_ticks(tlo - tpad, thi + tpad, 5);
+  auto yt = nice_ticks((mlo - mpad) / m_unit, (mhi + mpad) / m_unit, 5);
+  const double x0 = std::max(xt.front(), 0.0), x1 = xt.back();
+  const double y0 = std::max(yt.front(), 0.0) * m_unit, y1 = yt.back() * m_unit;
+  const double W = 720, H = 440, L = 80, R = 30, T = 30, B = 56;
+  auto x = [&](double t) { return L + (W - L - R) * (t - x0) / (x1 - x0); };
+  auto y = [&](double m) { return H - B - (H - T - B) * (m - y0) / (y1 - y0); };
+  std::string svg = fmt::format("<svg class=\"bench-chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+                                "viewBox=\"0 0 {} {}\" font-family=\"sans-serif\" font-size=\"12\">\n",
+                                W, H, W, H);
+  svg += fmt::format("<rect class=\"plot\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#444\"/>\n", L, T,
+                     W - L - R, H - T - B);
+  const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1.0, ystep = yt.size() > 1 ? yt[1] - yt[0] : 1.0;
+  for (double v : xt) {
+    if (v < x0 - 1e-12) continue;
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>\n", x(v), T, H - B);
+    svg += fmt::format("<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#444\">{}</text>\n", x(v),
+                       H - B + 16, tick_text(v, xstep));
+  }
+  for (double v : yt) {
+    if (v * m_unit < y0 - 1e-12) continue;
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#eee\"/>\n", L, y(v * m_unit), W - R);
+    svg += fmt::format("<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#444\">{}</text>\n", L - 6,
+                       y(v * m_unit) + 4, tick_text(v, ystep));
+  }
+  svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", (L + W - R) / 2, H - 14,
+                     ratio ? "step time x none (bar: 95% interval)" : "step time, ms (median; bar: min..max)");
+  svg += fmt::format("<text x=\"18\" y=\"{0:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {0:.1f})\">peak memory above "
+                     "the baseline, {1}</text>\n",
+                     (T + H - B) / 2, in_gib ? "GiB" : "MiB");
+  std::vector<Box> taken;
+  for (const auto& p : pts) taken.push_back({x(p.t) - 6, y(p.mem) - 6, x(p.t) + 6, y(p.mem) + 6});
+  if (budget && !budget_shown) {
+    const auto note = budget_mib > 0 ? fmt::format("memory budget: {} above the baseline, beyond the chart",
+                                                   format_bytes(budget_mib * 1048576.0))
+                                     : std::string("memory budget: below the baseline");
+    svg += fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#b00020\">{}</text>\n",
+                       W - R - 4, T + 16, note);
+    taken.push_back({W - R - 4 - 6.8 * static_cast<double>(note.size()), T + 2, W - R - 4, T + 20});
+  }
+  if (budget_shown) {
+    const double by = y(budget_mib);
+    svg += fmt::format("<line class=\"budget\" x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#b00020\" "
+                       "stroke-dasharray=\"6 4\"/>\n",
+                       L, by, W - R, by);
+    const double ly = by - 18 > T ? by - 4 : by + 15;  // above the line, or below it at the top
+    svg += fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#b00020\">memory budget</text>\n",
+                       W - R - 4, ly);
+    taken.push_back({W - R - 4 - 6.8 * 13, ly - 12, W - R - 4, ly + 3});
+  }
+  // The Pareto front of the ranked policies: none faster and smaller.
+  std::vector<const Point*> front;
+  for (const auto& p : pts) {
+    if (!p.ranked) continue;
+    bool dominated = false;
+    for (const auto& q : pts) {
+      dominated = dominated || (q.ranked && &q != &p && q.t <= p.t && q.mem <= p.mem && (q.t < p.t || q.mem < p.mem));
+    }
+    if (!dominated) front.push_back(&p);
+  }
+  std::sort(front.begin(), front.end(), [](const Point* a, const Point* b) { return a->t < b->t; });
+  if (front.size() > 1) {
+    std::string path;
+    for (const auto* p : front) path += fmt::format("{}{:.1f},{:.1f}", path.empty() ? "" : " ", x(p->t), y(p->mem));
+    svg += fmt::format("<polyline class=\"front\" points=\"{}\" fill=\"none\" stroke=\"#1f5fa8\" stroke-opacity=\"0.45\" "
+                       "stroke-width=\"2\"/>\n",
+                       path);
   }
   for (const auto& p : pts) {
-    const bool chosen = !r.recommendation.empty() && r.recommendation == p.label;
-    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#888\"/>\n", x(p.tmin), y(p.mem), x(p.tmax), y(p.mem));
-    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}: {:.3g} ms, {:.3g} MiB</title></circle>\n",
-                       x(p.t), y(p.mem), chosen ? 7 : 5, chosen ? "#176b2c" : (p.fits ? "#1f5fa8" : "#b00020"),
-                       escape_markup(p.label), p.t, p.mem);
-    svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\"{}>{}</text>\n", x(p.t) + 8, y(p.mem) - 6,
-                       chosen ? " font-weight=\"bold\"" : "", escape_markup(p.label));
+    const double px = x(p.t), py = y(p.mem);
+    // The interval, clipped to the plot (a wide one would otherwise set the axis).
+    const auto clip = [&](double v) { return std::clamp(v, L, W - R); };
+    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#888\"/>\n", clip(x(p.tlo)), py,
+                       clip(x(p.thi)), py);
+    const std::string colour = p.chosen ? "#176b2c" : p.failed ? "#b00020" : !p.fits ? "#8a6100" : p.ranked ? "#1f5fa8" : "#888";
+    const std::string title = fmt::format("{}: {} {:.3g}, {:.3g} MiB above the baseline{}", escape_markup(p.label),
+                                          ratio ? "time x none" : "ms", p.t, p.mem, p.failed ? " (fails its checks)" : "");
+    if (p.failed) {
+      svg += fmt::format("<g class=\"point failed\" stroke=\"{0}\" stroke-width=\"2.5\"><title>{5}</title><line x1=\"{1:.1f}\" "
+                         "y1=\"{2:.1f}\" x2=\"{3:.1f}\" y2=\"{4:.1f}\"/><line x1=\"{1:.1f}\" y1=\"{4:.1f}\" x2=\"{3:.1f}\" "
+                         "y2=\"{2:.1f}\"/></g>\n",
+                         colour, px - 5, py - 5, px + 5, py + 5, title);
+    } else {
+      svg += fmt::format("<circle class=\"point\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}</title></circle>\n", px, py,
+                         p.chosen ? 7 : 5, colour, title);
+    }
+    // The label: the first place beside the point, further out step by step, that overlaps no
+    // other label or point and stays inside the plot.
+    const std::string text = p.label + (p.chosen ? " (recommended)" : p.failed ? " (fails checks)" : "");
+    const double w = 6.8 * static_cast<double>(text.size()) + 4, h = 14;
+    std::optional<Box> placed;
+    std::string anchor = "start";
+    double tx = 0, ty = 0;
+    for (int ring = 1; ring <= 8 && !placed; ++ring) {
+      const double d = 8.0 * ring;
+      const std::vector<std::tuple<double, double, const char*>> spots = {
+          {px + d, py - d / 2, "start"}, {px - d, py - d / 2, "end"}, {px + d, py + d + 8, "start"},
+          {px - d, py + d + 8, "end"},   {px, py - d, "middle"},      {px, py + d + 10, "middle"}};
+      for (const auto& [sx, sy, a] : spots) {
+        const std::string an = a;
+        const double bx0 = an == "start" ? sx : an == "end" ? sx - w : sx - w / 2;
+        const Box b{bx0, sy - h + 3, bx0 + w, sy + 3};
+        if (b.x0 < L + 2 || b.x1 > W - R - 2 || b.y0 < T + 2 || b.y1 > H - B - 2) continue;
+        if (std::any_of(taken.begin(), taken.end(), [&](const Box& o) { return o.overlaps(b); })) continue;
+        placed = b, anchor = an, tx = sx, ty = sy;
+        break;
+      }
+    }
+    if (!placed) continue;  // no room: the point's title and the table below still name it
+    taken.push_back(*placed);
+    if (std::hypot(tx - px, ty - py) > 20) {
+      svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#bbb\"/>\n", px, py,
+                         anchor == "end" ? placed->x1 : anchor == "start" ? placed->x0 : tx, ty - 4);
+    }
+    svg += fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"{}\" fill=\"{}\"{}>{}</text>\n", tx, ty, anchor,
+                       colour, p.chosen ? " font-weight=\"bold\"" : "", escape_markup(text));
   }
   svg += "</svg>\n";
   return svg;
 }
-
 
 std::vector<std::string> diagnosis_lines(const Diagnosis& d) {
   std::vector<std::string> out;
@@ -163,6 +296,8 @@ std::vector<BenchRow> bench_rows(const BenchResult& r) {
     row.policy = p.policy;
     row.units = std::to_string(p.checkpointed.size());
     row.note = p.note;
+    row.checks = p.checks.empty() ? "-" : p.checks;
+    if (!p.not_ranked.empty()) row.note = "not ranked: " + p.not_ranked;
     if (p.measurement.step_seconds.empty()) {
       row.peak = row.peak_ratio = row.analytic = row.time = row.time_ratio = "-";
     } else {
@@ -189,17 +324,18 @@ std::string bench_header(const BenchResult& r) {
 }
 
 std::string recommendation_text(const BenchResult& r, const std::string& open, const std::string& close) {
-  return fmt::format("{} ({})", r.recommendation.empty() ? "none" : open + r.recommendation + close, r.reason);
+  // "none" is a policy's name: without a recommendation, say so in words.
+  return fmt::format("{} ({})", r.recommendation.empty() ? "no policy" : open + r.recommendation + close, r.reason);
 }
 
 std::vector<std::string> bench_lines(const BenchResult& r) {
   std::vector<std::string> out;
   out.push_back("bench: " + bench_header(r));
-  out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:<18}  {}", "policy", "ckpt", "peak", "x none",
-                            "analytic", "step time median [min..max]", "x none [95%]", ""));
+  out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:<18} {:<6}  {}", "policy", "ckpt", "peak",
+                            "x none", "analytic", "step time median [min..max]", "x none [95%]", "checks", ""));
   for (const auto& row : bench_rows(r)) {
-    out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:<18}  {}", row.policy, row.units, row.peak,
-                              row.peak_ratio, row.analytic, row.time, row.time_ratio, row.note));
+    out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:<18} {:<6}  {}", row.policy, row.units,
+                              row.peak, row.peak_ratio, row.analytic, row.time, row.time_ratio, row.checks, row.note));
   }
   out.push_back("recommendation: " + recommendation_text(r, "", ""));
   for (const auto& w : r.warnings) out.push_back("warning: " + w);

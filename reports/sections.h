@@ -17,7 +17,7 @@ std::vector<std::string> validation_lines(const OpValidation& v);
 
 /// One row of the bench table, every cell as text ("-" where not measured).
 struct BenchRow {
-  std::string policy, units, peak, peak_ratio, analytic, time, time_ratio, note;
+  std::string policy, units, peak, peak_ratio, analytic, time, time_ratio, checks, note;
 };
 std::vector<BenchRow> bench_rows(const BenchResult& r);
 /// Device, baseline, rounds and clock, in one sentence.

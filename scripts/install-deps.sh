@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what ckcheck needs to build and test, on Debian 12 or 13. Idempotent and
+# Installs what ckcheck needs to build and test (with --tests: and to run the tests), on Debian 12 or 13. Idempotent and
 # non-interactive: a second run costs one dpkg query and one pip query.
 #
 # - Debian packages: the compiler, CMake, and the C++ libraries other than LibTorch.
@@ -17,6 +17,11 @@ pkgs=(cmake ninja-build g++ ccache pkg-config
       # headers of the Gloo library behind c10d's ProcessGroupGloo (data-parallel runs)
       libgloo-dev
       python3-venv)
+# --tests: what only the test suite needs -- headless Chromium, in which a test renders the bench
+# report's chart and measures its layout.
+if [[ "${1:-}" == "--tests" ]]; then
+  pkgs+=(chromium)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -4,7 +4,7 @@
 # package, Python-side tests with the venv's torch and torchvision).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh --tests
 bash scripts/build.sh
 build=${CKCHECK_BUILD_DIR:-build}
 "$build/ckcheck" --version

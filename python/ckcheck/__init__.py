@@ -95,14 +95,16 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     sites: globs over named_modules() paths (default: the model's blocks).
     policy: none, every:K, segments[:N] or sites:GLOB.
     checkpoint: "auto" (the model's own switch when it has one, else "torch"), "ckcheck",
-        "torch" (torch.utils.checkpoint, use_reentrant=False), "torch-reentrant" or "model"
-        (the model's own gradient_checkpointing_enable() or set_grad_checkpointing()).
+        "torch" (torch.utils.checkpoint, use_reentrant=False), "torch-reentrant", "torch-sac"
+        (non-reentrant with the op policy sac_save="aten.mm,aten.bmm") or "model" (the model's own
+        gradient_checkpointing_enable() or set_grad_checkpointing()).
     loss: loss(output) -> tensor(s) to differentiate (default: every floating-point output).
     enable/disable: the model's own checkpointing switch, for checkpoint="model".
     options: any other `ckcheck run` option by its name with '_' for '-', with a value of its
         type: input_requires_grad=True (inputs keep their requires_grad unless it is given),
         accumulate=2, diagnose=True, bench=True, restore_buffers=True, lr=0.1, compile=True with
-        memory_budget=0.0 and compile_mode="default" (compiled training), a check's knob
+        memory_budget=0.0 and compile_mode="default" (compiled training), offload="cpu" (the
+        checkpointed step's saved activations offloaded), a check's knob
         (amp_error_factor=4), ...
     report.verdict is "pass", "fail" or "error"; report.checks and report.findings say what and
     where, each finding with its cause and hint; str(report) is the console report.

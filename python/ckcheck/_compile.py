@@ -24,6 +24,8 @@ import types
 
 import torch
 
+from ckcheck import _model
+
 # The relative difference, against the tensor's largest magnitude, within which the compiled plain
 # step counts as the eager one's math (fp32). Measured on this project's models (docs/compile.md):
 # up to 8e-5 (a BatchNorm bias's gradient, reduced in another order), so 1e-3 leaves room.
@@ -296,30 +298,11 @@ class Compiler:
             self._building = old
         return out
 
-    def _one_step(self, forward, inputs):
-        """One training step from the model's current state: forward(args, kwargs), the loss, and a
-        seeded upstream gradient for each output that carries a graph. Returns the float outputs and
-        whether the step drew from the default generator."""
-        adapter = self.adapter
-        torch.manual_seed(0)
-        args, kwargs = adapter.arguments(inputs())
-        rng = torch.get_rng_state()
-        with torch.enable_grad():
-            out = forward(args, kwargs)
-            if adapter.loss is not None:
-                out = adapter.loss(out)
-        drew = not torch.equal(rng, torch.get_rng_state())
-        outputs = adapter.float_outputs(out)
-        graded = [t for t in outputs if t.requires_grad]
-        if graded:
-            torch.autograd.backward(graded, [_projection(t, i) for i, t in enumerate(graded)])
-        return outputs, drew
-
     def warm_up(self, key, inputs):
         """One step of a variant from the start state, put back after: compiles it."""
         start = self.adapter.snapshot()
         try:
-            self._one_step(lambda args, kwargs: self.run(key, args, kwargs), inputs)
+            _model.one_step(self.adapter, lambda args, kwargs: self.run(key, args, kwargs), inputs)
         finally:
             self.adapter.restore(start)
             self._set_up(("plain",))
@@ -336,7 +319,7 @@ class Compiler:
         try:
             for forward in steps.values():
                 adapter.restore(start)
-                outputs, drew = self._one_step(forward, inputs)
+                outputs, drew = _model.one_step(self.adapter, forward, inputs)
                 tensors = [(f"output {i}", t.detach().clone()) for i, t in enumerate(outputs)]
                 tensors += [(n, p.grad.detach().clone()) for n, p in adapter.module.named_parameters() if p.grad is not None]
                 results.append((tensors, drew))
@@ -413,8 +396,4 @@ def _checkpointed(forward, reentrant: bool):
     return checkpointed
 
 
-def _projection(t, index):
-    """A seeded random upstream gradient for an output (the same in both steps)."""
-    g = torch.Generator().manual_seed(1000 + index)
-    return torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.device, t.dtype)
 

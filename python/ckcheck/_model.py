@@ -153,10 +153,11 @@ def _parse_result(result):
     if isinstance(result, torch.nn.Module):
         parts["model"] = result
     elif isinstance(result, dict):
-        unknown = set(result) - {"model", "inputs", "args", "kwargs", "loss", "enable", "disable"}
+        unknown = set(result) - {"model", "inputs", "args", "kwargs", "loss", "enable", "disable", "context_fn",
+                                 "offload"}
         if unknown:
             raise UsageError(f"the factory's dict has unknown keys {sorted(unknown)}; "
-                             "known: model, inputs, args, kwargs, loss, enable, disable")
+                             "known: model, inputs, args, kwargs, loss, enable, disable, context_fn, offload")
         parts = dict(result)
     elif isinstance(result, (tuple, list)) and 2 <= len(result) <= 3:
         parts["model"], parts["inputs"] = result[0], result[1]
@@ -182,10 +183,11 @@ def _parse_result(result):
                              f"dict (keyword arguments), not {type(inputs).__name__}")
     args = tuple(parts.get("args", args))
     kwargs = dict(parts.get("kwargs", kwargs))
-    for key in ("loss", "enable", "disable"):
+    for key in ("loss", "enable", "disable", "context_fn", "offload"):
         if parts.get(key) is not None and not callable(parts[key]):
             raise UsageError(f"the factory's '{key}' must be callable")
-    return module, args, kwargs, parts.get("loss"), parts.get("enable"), parts.get("disable")
+    extras = {"context_fn": parts.get("context_fn"), "offload": parts.get("offload")}
+    return module, args, kwargs, parts.get("loss"), parts.get("enable"), parts.get("disable"), extras
 
 
 def _option_inputs(opts: dict):
@@ -208,10 +210,13 @@ def _option_inputs(opts: dict):
     return (opts["tensor"],)
 
 
-def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_opts=None) -> "ModelAdapter":
+def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_opts=None,
+         policy_opts=None) -> "ModelAdapter":
     """The adapter of the model a factory makes: `spec` names it (FILE.py[:CALLABLE],
     package.module:CALLABLE) or is the factory itself. `compile_opts` (--compile): {"mode",
-    "memory_budget", "input_requires_grad"}, or None for eager training."""
+    "memory_budget", "input_requires_grad"}, or None for eager training. `policy_opts`: {"sac_save"
+    (--sac-save, comma-separated ops), "offload" (off or cpu)}."""
+    policy_opts = dict(policy_opts or {})
     factory = spec if callable(spec) else _import_factory(spec)
     torch.manual_seed(seed)  # the model's random weights follow --seed
     try:
@@ -220,7 +225,7 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
         raise
     except Exception as e:
         raise UsageError(_failure("the factory raised", e, sep=" ")) from e
-    module, args, kwargs, loss, enable, disable = _parse_result(result)
+    module, args, kwargs, loss, enable, disable, extras = _parse_result(result)
     if type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
         # torch.compile(model): the program trained is compiled. ckcheck compiles the module itself,
         # once plainly and once checkpointed, so it takes the module the factory compiled.
@@ -238,9 +243,15 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     elif mode == "eval":
         module.eval()
     switch = own_switch(module, enable, disable)
-    checkpoint, reason = choose_checkpoint(checkpoint, switch, compile_opts)
+    checkpoint, reason = choose_checkpoint(checkpoint, switch, compile_opts, extras["context_fn"])
+    context_fn = selective_context(checkpoint, policy_opts.get("sac_save", ""), extras["context_fn"])
+    offload = policy_opts.get("offload", "off")
+    if offload != "off" and compile_opts is not None:
+        raise UsageError("--offload applies to eager training; drop --compile or --offload")
+    offload_fn = (extras["offload"] or offload_to_cpu) if offload != "off" else None
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "model")
-    return ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts)
+    return ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts, context_fn,
+                        (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"))
 
 
 def own_switch(module, enable=None, disable=None):
@@ -263,7 +274,7 @@ def own_switch(module, enable=None, disable=None):
     return None
 
 
-def choose_checkpoint(asked, switch, compile_opts=None):
+def choose_checkpoint(asked, switch, compile_opts=None, context_fn=None):
     """The checkpoint under test and why: what was asked for, or with `auto` the model's own
     switch when it has one (what its users train with), else PyTorch's non-reentrant checkpoint
     (what PyTorch recommends). Compiled with a memory budget below 1 and `auto`, the budget alone
@@ -272,6 +283,9 @@ def choose_checkpoint(asked, switch, compile_opts=None):
         if asked == "ckcheck":
             raise UsageError("--checkpoint ckcheck cannot run inside a compiled graph (it is a C++ autograd "
                              "function); with --compile use torch, torch-reentrant or model")
+        if asked == "torch-sac":
+            raise UsageError("--checkpoint torch-sac is checked in eager training; with --compile use torch, "
+                             "torch-reentrant, model or --memory-budget (the compiler's own selective recompute)")
         budget = compile_opts.get("memory_budget", 1.0)
         if asked == "auto" and budget < 1.0:
             return "compiler", (f"the compiler's activation memory budget {budget:g} decides what the compiled "
@@ -284,8 +298,98 @@ def choose_checkpoint(asked, switch, compile_opts=None):
         return asked, "asked for"
     if switch is not None:
         return "model", f"the model's own switch, {switch[2]}: what its users train with"
+    if context_fn is not None and compile_opts is None:
+        return "torch-sac", ("the factory's context_fn: torch.utils.checkpoint (use_reentrant=False) around its "
+                             "blocks with that op-level policy, as its training runs them")
     return "torch", ("the model has no checkpointing switch of its own: torch.utils.checkpoint "
                      "(use_reentrant=False, what PyTorch recommends) around its blocks")
+
+
+def _sac_op(text):
+    """The aten op (OpOverloadPacket) or overload (OpOverload) a --sac-save entry names."""
+    parts = text.split(".")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise UsageError(f"--sac-save: '{text}' is not an op; write NAMESPACE.OP[.OVERLOAD], as aten.mm or "
+                         "aten.mm.default")
+    try:
+        op = getattr(getattr(torch.ops, parts[0]), parts[1])
+        return getattr(op, parts[2]) if len(parts) == 3 else op
+    except (AttributeError, RuntimeError):
+        raise UsageError(f"--sac-save: there is no op {text} in this PyTorch; write NAMESPACE.OP[.OVERLOAD], as "
+                         "aten.mm or aten.mm.default") from None
+
+
+def selective_context(checkpoint, sac_save, factory_context_fn):
+    """--checkpoint torch-sac: the context_fn torch.utils.checkpoint gets -- the ops --sac-save names
+    are saved (MUST_SAVE), every other op recomputed (PREFER_RECOMPUTE); or the factory's own
+    context_fn. None for every other checkpoint."""
+    if checkpoint != "torch-sac":
+        return None
+    ops = [o.strip() for o in sac_save.split(",") if o.strip()] if sac_save else []
+    if ops and factory_context_fn is not None:
+        raise UsageError("--sac-save and the factory's context_fn both give the op policy; give one")
+    if factory_context_fn is not None:
+        return factory_context_fn
+    if not ops:
+        raise UsageError("--checkpoint torch-sac needs the op policy: --sac-save OPS (as aten.mm,aten.bmm) or a "
+                         "'context_fn' from the factory")
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    named = [_sac_op(o) for o in ops]
+    packets = {o for o in named if isinstance(o, torch._ops.OpOverloadPacket)}
+    overloads = {o for o in named if not isinstance(o, torch._ops.OpOverloadPacket)}
+
+    def policy(ctx, op, *args, **kwargs):
+        saved = op in overloads or getattr(op, "overloadpacket", None) in packets
+        return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return functools.partial(create_selective_checkpoint_contexts, policy)
+
+
+def offload_to_cpu():
+    """ckcheck's activation offload: saved-tensor hooks that copy every tensor autograd saves to
+    the CPU in the forward (pinned memory from a GPU) and back to its device in the backward, as
+    torch.autograd.graph.save_on_cpu does -- but a copy on the CPU too, where save_on_cpu keeps the
+    tensor itself, so that the copy is what the backward reads on every device."""
+
+    def pack(t):
+        pinned = t.is_cuda and not t.is_sparse
+        copy = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=pinned) if pinned else None
+        if copy is None:
+            return t.device, t.detach().to("cpu", copy=True)
+        copy.copy_(t)
+        return t.device, copy
+
+    def unpack(packed):
+        device, copy = packed
+        return copy.to(device, non_blocking=copy.is_pinned())
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def one_step(adapter, forward, inputs):
+    """One training step from the model's current state: forward(args, kwargs), the loss, and a
+    seeded upstream gradient for each output that carries a graph. Returns the float outputs and
+    whether the step drew from the default generator."""
+    torch.manual_seed(0)
+    args, kwargs = adapter.arguments(inputs())
+    rng = torch.get_rng_state()
+    with torch.enable_grad():
+        out = forward(args, kwargs)
+        if adapter.loss is not None:
+            out = adapter.loss(out)
+    drew = not torch.equal(rng, torch.get_rng_state())
+    outputs = adapter.float_outputs(out)
+    graded = [t for t in outputs if t.requires_grad]
+    if graded:
+        torch.autograd.backward(graded, [_projection(t, i) for i, t in enumerate(graded)])
+    return outputs, drew
+
+
+def _projection(t, index):
+    """A seeded random upstream gradient for an output (the same in every step that uses it)."""
+    g = torch.Generator().manual_seed(1000 + index)
+    return torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.device, t.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,8 +443,12 @@ def _structure(obj, depth=0):
 class ModelAdapter:
     """What ckcheck's Model interface needs, for an nn.Module and its inputs."""
 
-    def __init__(self, name, module, args, kwargs, loss, switch, checkpoint, reason="asked for", compile_opts=None):
+    def __init__(self, name, module, args, kwargs, loss, switch, checkpoint, reason="asked for", compile_opts=None,
+                 context_fn=None, offload=(None, "")):
         self.name = name
+        self._context_fn = context_fn  # --checkpoint torch-sac: the op-level policy's contexts
+        self._offload, self._offload_hooks = offload  # --offload: a context manager factory, and whose
+        self._offload_facts = None
         self.module = module
         self.loss = loss
         self.checkpoint = checkpoint
@@ -383,6 +491,8 @@ class ModelAdapter:
         self._compiler = None
         if compile_opts is not None:
             self._compile(compile_opts)
+        if self._offload is not None:
+            self._offload_facts = self._compare_offloaded()
 
     def _compile(self, opts):
         """--compile: the steps run through torch.compile; the modules get their own forwards back
@@ -412,6 +522,75 @@ class ModelAdapter:
             self._compiler.warm_up(key, inputs)
         except Exception:
             pass
+
+    def offload_facts(self):
+        """What the offload's hooks did to the plain step (--offload), or None."""
+        return self._offload_facts
+
+    def _compare_offloaded(self):
+        """The plain step with the offload's hooks against the plain step without them, from the same
+        state and seed: packing a saved tensor away and back must not change one value."""
+        start = self.snapshot()
+        results, packed = [], {"n": 0, "bytes": 0, "error": ""}
+
+        def counted():
+            # The offload's own hooks run inside; an outer pair only counts what autograd saves.
+            def pack(t):
+                packed["n"] += 1
+                packed["bytes"] += t.numel() * t.element_size()
+                return t
+
+            return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+        def plain(args, kwargs):
+            return self.module(*args, **kwargs)
+
+        def offloaded(args, kwargs):
+            with self._offload():
+                return self.module(*args, **kwargs)
+
+        try:
+            for name, forward in (("plain", plain), ("offloaded", offloaded)):
+                self.restore(start)
+                try:
+                    with counted() if name == "plain" else contextlib.nullcontext():
+                        outputs, _ = one_step(self, forward, lambda: self.make_inputs(0))
+                except UsageError:
+                    raise
+                except Exception as e:
+                    if name == "plain":
+                        raise UsageError(_failure("the model fails without checkpointing", e)) from e
+                    packed["error"] = _first_line(e)
+                    break
+                # Named as the runner names them (the gradients check reads these names).
+                tensors = [(f"output[{i}]", t.detach().clone()) for i, t in enumerate(outputs)]
+                tensors += [(n, p.grad.detach().clone()) for n, p in self.named_parameters() if p.grad is not None]
+                results.append(tensors)
+        finally:
+            self.restore(start)
+        facts = {"hooks": self._offload_hooks, "packed": packed["n"], "packed_bytes": packed["bytes"], "differs": [],
+                 "worst": "", "max_rel": 0.0, "error": packed["error"]}
+        if len(results) < 2:
+            return facts
+        other = dict(results[1])
+        for name, a in results[0]:
+            b = other.get(name)
+            if b is None or b.shape != a.shape:
+                facts["differs"].append(name)
+                continue
+            if torch.equal(a, b):
+                continue
+            facts["differs"].append(name)
+            scale = a.abs().max().item() if a.numel() else 0.0
+            diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+            rel = diff / scale if scale > 0 else diff
+            if rel >= facts["max_rel"]:
+                facts["max_rel"], facts["worst"] = rel, name
+        if any(n.startswith("output[") for n in facts["differs"]):
+            facts["differs"].append("loss")  # the runner's loss is taken from the outputs
+        if facts["differs"] and not facts["worst"]:
+            facts["worst"] = facts["differs"][0]
+        return facts
 
     def compiled_facts(self):
         """What the compiler did with the steps (--compile), or None."""
@@ -655,7 +834,9 @@ class ModelAdapter:
                 out = tc.checkpoint(functools.partial(structured, **k), *a, use_reentrant=True,
                                     preserve_rng_state=preserve_rng_state)
             else:
-                out = tc.checkpoint(structured, *a, use_reentrant=False, preserve_rng_state=preserve_rng_state, **k)
+                extra = {"context_fn": self._context_fn} if self._context_fn is not None else {}
+                out = tc.checkpoint(structured, *a, use_reentrant=False, preserve_rng_state=preserve_rng_state,
+                                    **extra, **k)
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
     def site_problem(self, site):
@@ -700,8 +881,9 @@ class ModelAdapter:
             _ACTIVE.append(self)
         # Kept after the forward: the backward's recomputes call the modules again.
         self._call_site = call_site
+        offloaded = self._offload() if self._offload is not None and checkpointing else contextlib.nullcontext()
         try:
-            with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+            with torch.utils.checkpoint.set_checkpoint_early_stop(False), offloaded:
                 out = self.module(*a, **k)
                 if self.loss is not None:
                     out = self.loss(out)

@@ -48,14 +48,19 @@ def fixture(name):
     return os.path.join(FIXTURES, name)
 
 
-def twin(name):
-    """fixtures/python/twins.py's factory NAME called (weights from seed 0): (model, inputs)."""
+def factory_result(file, name):
+    """fixtures/python/FILE's factory NAME called (weights from seed 0): what it returns."""
     import importlib.util
 
     import torch
 
-    spec = importlib.util.spec_from_file_location("twins", fixture("twins.py"))
+    spec = importlib.util.spec_from_file_location("ckcheck_fixture_" + file.replace(".py", ""), fixture(file))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     torch.manual_seed(0)
     return getattr(module, name)()
+
+
+def twin(name):
+    """fixtures/python/twins.py's factory NAME called (weights from seed 0): (model, inputs)."""
+    return factory_result("twins.py", name)

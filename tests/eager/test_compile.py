@@ -5,23 +5,18 @@ detection has its negative control.
 """
 
 import functools
-import importlib.util
 
 import pytest
 import torch
 import torch._functorch.config as functorch_config
 
-from conftest import fixture
+from conftest import factory_result, fixture
 
 MODELS = fixture("compiled.py")
 
 
 def _factory(name):
-    spec = importlib.util.spec_from_file_location("ckcheck_fixture_compiled", MODELS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    torch.manual_seed(0)
-    return getattr(module, name)()
+    return factory_result("compiled.py", name)
 
 
 def torch_gradients_differ(name, budget=None, switch=False):

@@ -184,6 +184,67 @@ TEST(Recommend, SameAdviceQuietAndUnderLoad) {
   // advice on these runs -- segments:sqrt quiet, every:4 under load (see docs/bench.md).
 }
 
+TEST(Recommend, APolicyThatFailsItsChecksIsShownButNeverRanked) {
+  // every:2 would be the knee (as in WithoutBudgetTheKneeOfTheCurve) but its checkpointed step
+  // fails rng: the advice is taken from the others, and the warning says why.
+  auto points = std::vector<PolicyBench>{point("none", 1.0, 10000), point("every:4", 1.05, 4000), point("every:2", 1.10, 2000),
+                                         point("every:1", 1.40, 1800)};
+  for (auto& p : points) p.checks = p.policy == "none" ? "" : "pass";
+  auto control = result(points);
+  recommend(control);
+  EXPECT_EQ(control.recommendation, "every:2") << "the negative control: it passes";
+  points[2].checks = "fail";
+  points[2].check_failures = {"rng: rng at blocks.1"};
+  auto r = result(points);
+  r.check_command = "ckcheck run --model m";
+  recommend(r);
+  EXPECT_NE(r.recommendation, "every:2");
+  EXPECT_FALSE(r.policies[2].ranked);
+  EXPECT_NE(r.policies[2].not_ranked.find("rng at blocks.1"), std::string::npos) << r.policies[2].not_ranked;
+  ASSERT_FALSE(r.warnings.empty());
+  EXPECT_NE(r.warnings[0].find("every:2: not ranked"), std::string::npos) << r.warnings[0];
+  EXPECT_NE(r.warnings[0].find("ckcheck run --model m --policy every:2"), std::string::npos) << r.warnings[0];
+  // Under a budget too: the fastest that fits and passes.
+  auto budget = result(points, /*budget=*/3500);
+  recommend(budget);
+  EXPECT_EQ(budget.recommendation, "every:1");
+  // A check that could not judge is no pass either.
+  points[2].checks = "error";
+  auto error = result(points, 3500);
+  recommend(error);
+  EXPECT_EQ(error.recommendation, "every:1");
+  // Every checkpointing policy failing leaves none.
+  for (auto& p : points) p.checks = p.policy == "none" ? "" : "fail";
+  auto all = result(points);
+  recommend(all);
+  EXPECT_EQ(all.recommendation, "none");
+}
+
+TEST(Recommend, PeaksWithinTheResolutionAreDecidedByThePlanNotTheClock) {
+  // every:2 and segments:sqrt lie 1% of the largest peak apart; whichever the clock favours, the
+  // one that checkpoints fewer sites stands for both.
+  std::set<std::string> advice;
+  for (double seg_time : {1.10, 1.20, 1.30}) {
+    auto seg = point("segments:sqrt", seg_time, 2900);
+    seg.checkpointed = {"blocks.0", "blocks.1", "blocks.2"};
+    auto every2 = point("every:2", 1.20, 3000);
+    every2.checkpointed = {"blocks.0", "blocks.2"};
+    auto r = result({point("none", 1.0, 10000), every2, seg}, /*budget=*/5000);
+    recommend(r);
+    advice.insert(r.recommendation);
+    EXPECT_FALSE(r.policies[2].ranked);
+    EXPECT_NE(r.policies[2].not_ranked.find("within 2% of every:2's"), std::string::npos) << r.policies[2].not_ranked;
+  }
+  EXPECT_EQ(advice, std::set<std::string>{"every:2"});
+  // The negative control: 10% apart, they are two classes, and the faster one that fits wins.
+  auto seg = point("segments:sqrt", 1.10, 1900);
+  seg.checkpointed = {"blocks.0", "blocks.1", "blocks.2"};
+  auto r = result({point("none", 1.0, 10000), point("every:2", 1.30, 3000), seg}, /*budget=*/5000);
+  recommend(r);
+  EXPECT_EQ(r.recommendation, "segments:sqrt");
+  EXPECT_TRUE(r.policies[2].ranked);
+}
+
 TEST(Recommend, TooNoisyKeepsOnlyTheMemoryVerdict) {
   auto r = result({point("none", 1.0, 10000), point("every:4", 1.05, 4000), point("every:2", 1.10, 2000),
                    point("every:1", 1.40, 1800)});
@@ -261,6 +322,32 @@ TEST(Bench, InterleavesPoliciesAndMeasuresNoneAsTheReference) {
   EXPECT_GT(r.baseline_bytes, 0);
   EXPECT_NE(r.clock.find("wall clock"), std::string::npos) << r.clock;
   EXPECT_NE(r.clock.find("instructions:"), std::string::npos) << r.clock;
+}
+
+TEST(Bench, APolicyWhoseCheckpointedStepFailsTheChecksIsMeasuredButNotRecommended) {
+  // The truth from the fixture's construction: blocks.1 draws its dropout mask from a generator of
+  // its own, which no checkpoint replays; blocks.0 draws nothing.
+  auto m = make_model("faulty/private-generator", {{"dropout", "0.5"}}, 0);
+  Runner runner(*m, RunConfig());
+  BenchOptions o;
+  o.policies = {"none", "every:1", "sites:blocks.0"};
+  o.steps = 2;
+  o.warmup = 0;
+  o.time_budget_s = 1;
+  const auto r = run_bench(runner, {}, o);
+  ASSERT_EQ(r.policies.size(), 3u);
+  const auto& every = r.policies[1];
+  const auto& first = r.policies[2];
+  EXPECT_FALSE(every.measurement.step_seconds.empty()) << "measured all the same";
+  EXPECT_EQ(every.checks, "fail");
+  EXPECT_FALSE(every.ranked);
+  ASSERT_FALSE(every.check_failures.empty());
+  EXPECT_NE(::testing::PrintToString(every.check_failures).find("blocks.1"), std::string::npos)
+      << ::testing::PrintToString(every.check_failures);
+  EXPECT_NE(r.recommendation, "every:1");
+  // The negative control: a checkpoint that avoids the faulty block passes and is ranked.
+  EXPECT_EQ(first.checks, "pass") << ::testing::PrintToString(first.check_failures);
+  EXPECT_EQ(r.policies[0].checks, "") << "none checkpoints nothing: nothing to check";
 }
 
 TEST(Bytes, ParseAndFormat) {

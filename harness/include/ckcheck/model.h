@@ -129,6 +129,21 @@ struct CompiledSteps {
   double eager_tolerance = 0.0;
 };
 
+/// Activations offloaded (--offload, a Python model): the checkpointed step runs with the
+/// offload's saved-tensor hooks (every tensor autograd saves is packed away in the forward and
+/// brought back in the backward). Its truth: the plain step with those hooks against the plain
+/// step without them, from the same state -- a pack/unpack pair gives back what was saved exactly,
+/// so any difference is the offload's.
+struct OffloadFacts {
+  std::string hooks;                 // whose hooks: ckcheck's copy to the CPU, or the factory's offload
+  int64_t packed = 0;                // tensors packed in the plain step with the hooks
+  int64_t packed_bytes = 0;          // their bytes
+  std::vector<std::string> differs;  // tensors of that step (loss, outputs, gradients) that differ
+  std::string worst;                 // the one that differs most
+  double max_rel = 0.0;              // by this much of its largest magnitude
+  std::string error;                 // the step with the hooks threw ("" when it ran)
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -206,6 +221,10 @@ class Model {
   /// What the compiler did with the steps, when the model trains compiled (--compile); nullopt
   /// otherwise. Read after the steps ran.
   virtual std::optional<CompiledSteps> compiled_steps() const { return std::nullopt; }
+
+  /// What the offload's hooks did to the plain step, when the checkpointed step runs offloaded
+  /// (--offload); nullopt otherwise.
+  virtual std::optional<OffloadFacts> offload_facts() const { return std::nullopt; }
 
   /// Model options as given, for reports and the reproduce command ("layers" -> "4").
   virtual std::map<std::string, std::string> options() const { return {}; }

@@ -135,10 +135,17 @@ std::string bench_svg(const BenchResult& r) {
   const double m_unit = in_gib ? 1024.0 : 1.0;
   // Axes span the data with a margin, from round ticks: the differences between policies fill the plot.
   const double tpad = std::max((thi - tlo) * 0.08, std::abs(thi) * 0.01), mpad = std::max((mhi - mlo) * 0.08, std::abs(mhi) * 0.01 + 1e-6);
-  auto xt = nice_ticks(tlo - tpad, thi + tpad, 5);
-  auto yt = nice_ticks((mlo - mpad) / m_unit, (mhi + mpad) / m_unit, 5);
-  const double x0 = std::max(xt.front(), 0.0), x1 = xt.back();
-  const double y0 = std::max(yt.front(), 0.0) * m_unit, y1 = yt.back() * m_unit;
+  // The axes end a margin past the outermost points (not at the next round tick, which could leave
+  // half the plot empty); the round ticks are those inside.
+  const double x0 = std::max(tlo - tpad, 0.0), x1 = thi + tpad;
+  const double y0 = std::max(mlo - mpad, 0.0), y1 = mhi + mpad;
+  auto inside = [](std::vector<double> ticks, double lo, double hi) {
+    ticks.erase(std::remove_if(ticks.begin(), ticks.end(), [&](double v) { return v < lo - 1e-12 || v > hi + 1e-12; }),
+                ticks.end());
+    return ticks;
+  };
+  const auto xt = inside(nice_ticks(x0, x1, 5), x0, x1);
+  const auto yt = inside(nice_ticks(y0 / m_unit, y1 / m_unit, 5), y0 / m_unit, y1 / m_unit);
   const double W = 720, H = 440, L = 80, R = 30, T = 30, B = 56;
   auto x = [&](double t) { return L + (W - L - R) * (t - x0) / (x1 - x0); };
   auto y = [&](double m) { return H - B - (H - T - B) * (m - y0) / (y1 - y0); };
@@ -149,13 +156,11 @@ std::string bench_svg(const BenchResult& r) {
                      W - L - R, H - T - B);
   const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1.0, ystep = yt.size() > 1 ? yt[1] - yt[0] : 1.0;
   for (double v : xt) {
-    if (v < x0 - 1e-12) continue;
     svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>\n", x(v), T, H - B);
     svg += fmt::format("<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#444\">{}</text>\n", x(v),
                        H - B + 16, tick_text(v, xstep));
   }
   for (double v : yt) {
-    if (v * m_unit < y0 - 1e-12) continue;
     svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#eee\"/>\n", L, y(v * m_unit), W - R);
     svg += fmt::format("<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#444\">{}</text>\n", L - 6,
                        y(v * m_unit) + 4, tick_text(v, ystep));

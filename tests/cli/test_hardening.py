@@ -127,6 +127,9 @@ for name in ["run", "diagnose"]:
         row(base + ["--tolerance", v], pattern)
     for v in ["-1", "nan", "inf", "abc", "", "1e7"]:
         row(base + ["--lr", v], r"--lr.*" + NUMBER)
+    row(base + ["--offload", "gpu"], r"--offload")
+    row(base + ["--sac-save", "aten.mm"], r"applies to Python models")
+    row(base + ["--checkpoint", "torch-sac"], r"applies to Python models")
     for v in ["0.5", "nan", "inf", "0", "-1", "abc", ""]:
         row(base + ["--amp-error-factor", v], r"--amp-error-factor.*" + NUMBER)
     row(base + ["--no-preserve-rng=maybe"], r"--no-preserve-rng")
@@ -186,7 +189,9 @@ for v, pattern in [("bogus", r"unknown policy 'bogus'"), ("sites:*.nope", r"matc
                    ("none,every:x", r"every:x"), ("segments:99", r"more segments")]:
     row(base + ["--policies", v], pattern)
 row(base + ["--policy", "every:1"], r"--policy")
-row(base + ["--tolerance", "bitwise"], r"--tolerance")
+for v, pattern in [("rtol=abc", r"tolerance 'rtol=abc'"), ("foo=1", r"unknown tolerance")]:
+    row(base + ["--tolerance", v], pattern)
+row(base + ["--offload", "cpu"], r"--offload")
 
 # validate-op.
 ops = ["--library", "@OPS@"]

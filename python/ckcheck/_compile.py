@@ -338,9 +338,7 @@ class Compiler:
         for (name, a), (_, b) in zip(eager, compiled):
             if a.shape != b.shape or not (a.is_floating_point() and b.is_floating_point()):
                 continue
-            scale = a.abs().max().item() if a.numel() else 0.0
-            diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-            rel = diff / scale if scale > 0 else diff
+            rel = _model.relative_difference(a, b)
             if rel > worst or worst_name == "":
                 worst, worst_name = rel, name
         self.eager.update(compared=True, max_rel=worst, worst=worst_name)

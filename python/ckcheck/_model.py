@@ -386,6 +386,13 @@ def one_step(adapter, forward, inputs):
     return outputs, drew
 
 
+def relative_difference(a, b):
+    """The largest |a - b| relative to a's largest magnitude (absolute where a is all zeros)."""
+    scale = a.abs().max().item() if a.numel() else 0.0
+    diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
 def _projection(t, index):
     """A seeded random upstream gradient for an output (the same in every step that uses it)."""
     g = torch.Generator().manual_seed(1000 + index)
@@ -581,9 +588,7 @@ class ModelAdapter:
             if torch.equal(a, b):
                 continue
             facts["differs"].append(name)
-            scale = a.abs().max().item() if a.numel() else 0.0
-            diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-            rel = diff / scale if scale > 0 else diff
+            rel = relative_difference(a, b)
             if rel >= facts["max_rel"]:
                 facts["max_rel"], facts["worst"] = rel, name
         if any(n.startswith("output[") for n in facts["differs"]):

@@ -50,8 +50,8 @@ constexpr CauseWord kHookCountWord{"hook-count",
     "module once per forward, or use DDP's static_graph=True or a non-reentrant checkpoint"};
 constexpr CauseWord kGradApiWord{"grad-api",
     "a reentrant checkpoint cannot serve autograd::grad or backward(inputs=): take that "
-    "gradient outside the checkpointed sites, or use a non-reentrant checkpoint "
-    "(torch.utils.checkpoint with use_reentrant=False)"};
+    "gradient outside the checkpointed sites, or use a checkpoint that can "
+    "(torch.utils.checkpoint with use_reentrant=False, or ckcheck::checkpoint)"};
 constexpr CauseWord kUnexplainedWord{"unexplained",
     "run `ckcheck diagnose` with the same options: it finds the first op whose recompute differs (keep that "
     "site's activations, excluding it from checkpointing, until the cause is fixed), or shows that every "

@@ -107,7 +107,8 @@ Cause metadata_cause(const std::string& error) {
 
 // The site a PyTorch error in the checkpointed step belongs to, from the evidence: the call whose
 // recompute threw or differed; for a checkpoint none of whose inputs requires grad, the first such
-// call; else the first call the backward never recomputed (it failed before reaching it).
+// call; for a refused autograd.grad, the last call the forward ran; else the first call the
+// backward never recomputed (it failed before reaching it).
 std::string site_of_pytorch_error(const CheckContext& ctx, const Cause& cause) {
   const auto& calls = ctx.records.checkpointed.calls;
   const auto first = [&](auto&& pred) {
@@ -118,6 +119,13 @@ std::string site_of_pytorch_error(const CheckContext& ctx, const Cause& cause) {
   };
   auto site = first([](const CallEvidence& c) { return c.recomputed && (c.recompute_failed || recompute_differs(c)); });
   if (site.empty() && cause == Cause::kMissingGrad) site = first([](const CallEvidence& c) { return !c.inputs_require_grad; });
+  if (site.empty() && cause == Cause::kGradApi) {
+    // The refusal comes before any recompute, at the checkpoint the backward reaches first: the
+    // last one the forward ran.
+    for (auto it = calls.rbegin(); it != calls.rend() && site.empty(); ++it) {
+      if (!it->recomputed) site = it->site;
+    }
+  }
   if (site.empty()) site = first([](const CallEvidence& c) { return !c.recomputed; });
   return site;
 }
@@ -179,8 +187,9 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
   const auto explained = explain_sites(ctx);
   CheckResult r;
   r.id = id;
-  const bool grad_api = error.find("are not supported through a checkpoint") != std::string::npos ||
-                        error.find("double backward (create_graph=true) is not supported") != std::string::npos;
+  // PyTorch's reentrant checkpoint refuses autograd.grad() and backward(inputs=) (ckcheck's own
+  // checkpoint and the non-reentrant one give plain autograd's result).
+  const bool grad_api = error.find("torch.utils.checkpoint is incompatible with .grad()") != std::string::npos;
   // PyTorch's message says what went wrong where ckcheck's evidence is silent; for a CheckpointError
   // it also says more than state evidence (state changed before the recompute) or no evidence.
   auto meaning = grad_api ? std::nullopt : pytorch_error_meaning(error);
@@ -206,9 +215,8 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
   Finding f;
   f.message = message_prefix + first_line(error);
   if (grad_api) {
-    // ckcheck::checkpoint's own refusal of grad()/backward(inputs=)/create_graph names its site.
     f.cause = Cause::kGradApi;
-    f.site = site_in_error(error);
+    f.site = site_of_pytorch_error(ctx, f.cause);
   } else if (meaning) {
     f.cause = meaning->cause;
     f.site = explained.empty() ? site_of_pytorch_error(ctx, f.cause) : explained.front().site;

@@ -5,10 +5,12 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
 #include <optional>
+#include <unordered_set>
 
 #include "harness/support/global_state.h"
 
@@ -34,16 +36,73 @@ struct CheckpointState : torch::CustomClassHolder {
   TensorsFn fn;
   CheckpointOptions options;
   CheckpointCall call;
-  size_t num_inputs = 0;  // the caller's inputs
-  bool dummy = false;     // a trailing zero-size input that requires grad follows them
+  // The caller's inputs, then the captured tensors: what the function read from outside without
+  // being given it (parameters, tensors of the caller's graph) and that requires grad. All of them
+  // are inputs of the autograd node, so the engine routes their gradients as plain autograd would.
   std::vector<Tensor> inputs;
+  size_t num_inputs = 0;  // the caller's, at the front of `inputs`
   std::vector<int64_t> versions;
+  std::vector<Tensor> outputs;  // computed before the node exists, handed to it once
   // Each forward output's shape and dtype: the recompute must reproduce them.
   std::vector<std::pair<std::vector<int64_t>, c10::ScalarType>> output_meta;
   std::optional<RngState> rng;
   AutocastState autocast;
   bool consumed = false;
 };
+
+// Finds the captured tensors: while the function runs under no-grad in the forward, every op input
+// that requires grad came from outside it (nothing made under no-grad requires grad), so the op
+// inputs that require grad and are not the caller's inputs are exactly the leaves and graph tensors
+// plain autograd would have reached through the function. A thread-local RecordFunction callback
+// sees them. Collectors nest (a checkpoint inside the function, run under grad mode): the outermost
+// registers the one callback, and an op counts for every collector open on the thread.
+class CapturedTensors {
+ public:
+  explicit CapturedTensors(const std::vector<Tensor>& inputs) : previous_(current_) {
+    for (const auto& x : inputs) seen_.insert(x.unsafeGetTensorImpl());
+    if (previous_ == nullptr) {
+      handle_ = at::addThreadLocalCallback(
+          at::RecordFunctionCallback(&CapturedTensors::on_op).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+    }
+    current_ = this;
+  }
+  ~CapturedTensors() {
+    current_ = previous_;
+    if (previous_ == nullptr) at::removeCallback(handle_);
+  }
+  CapturedTensors(const CapturedTensors&) = delete;
+  CapturedTensors& operator=(const CapturedTensors&) = delete;
+
+  std::vector<Tensor> take() { return std::move(found_); }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> on_op(const at::RecordFunction& fn) {
+    for (auto* c = current_; c != nullptr; c = c->previous_) {
+      for (const auto& v : fn.inputs()) c->visit(v);
+    }
+    return nullptr;
+  }
+  void visit(const c10::IValue& v) {
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      if (t.defined() && t.requires_grad() && seen_.insert(t.unsafeGetTensorImpl()).second) found_.push_back(t);
+    } else if (v.isTensorList()) {
+      for (const auto& t : v.toTensorList()) visit(c10::IValue(static_cast<Tensor>(t)));
+    } else if (v.isList()) {
+      for (const auto& e : v.toListRef()) visit(e);
+    } else if (v.isTuple()) {
+      for (const auto& e : v.toTupleRef().elements()) visit(e);
+    }
+  }
+
+  static thread_local CapturedTensors* current_;
+  CapturedTensors* previous_;
+  at::CallbackHandle handle_{};
+  std::unordered_set<const c10::TensorImpl*> seen_;
+  std::vector<Tensor> found_;
+};
+
+thread_local CapturedTensors* CapturedTensors::current_ = nullptr;
 
 std::string where(const CheckpointCall& call) {
   return call.site.empty() ? std::string("ckcheck::checkpoint")
@@ -64,40 +123,164 @@ bool shares_impl(const Tensor& t, const std::vector<Tensor>& others) {
   return false;
 }
 
-// What the backward refuses before it computes anything.
-void refuse_unsupported_backward(const CheckpointState& s) {
+// The node a tensor's gradient enters the graph at: its grad_fn, or a leaf's accumulator (null
+// for a leaf no graph has reached yet).
+torch::autograd::Node* gradient_node(const Tensor& t) {
+  if (const auto& fn = t.grad_fn()) return fn.get();
+  return torch::autograd::impl::try_get_grad_accumulator(t).get();
+}
+
+// The nodes upstream of `from` in the caller's graph, not going past a target node: which targets
+// are reached, and whether any path ends elsewhere (at a leaf or node that is not a target).
+struct Upstream {
+  bool reaches_target = false;
+  bool ends_elsewhere = false;
+};
+
+Upstream upstream_of(const torch::autograd::Node& from, const std::unordered_set<const torch::autograd::Node*>& targets) {
+  Upstream u;
+  std::vector<const torch::autograd::Node*> todo;
+  std::unordered_set<const torch::autograd::Node*> seen;
+  for (const auto& e : from.next_edges()) todo.push_back(e.function.get());
+  while (!todo.empty()) {
+    const auto* node = todo.back();
+    todo.pop_back();
+    if (node == nullptr || !seen.insert(node).second) continue;
+    if (targets.count(node) != 0) {
+      u.reaches_target = true;
+      continue;
+    }
+    bool any = false;
+    for (const auto& e : node->next_edges()) {
+      if (e.function) {
+        todo.push_back(e.function.get());
+        any = true;
+      }
+    }
+    u.ends_elsewhere = u.ends_elsewhere || !any;
+  }
+  return u;
+}
+
+std::unordered_set<const torch::autograd::Node*> gradient_nodes(const std::vector<Tensor>& tensors) {
+  std::unordered_set<const torch::autograd::Node*> nodes;
+  for (const auto& t : tensors) {
+    if (auto* node = gradient_node(t)) nodes.insert(node);
+  }
+  return nodes;
+}
+
+// Captured tensors of the caller's graph computed from other captured tensors -- autocast's cached
+// low-precision copy of a parameter, a bias computed from a parameter the function also reads.
+// Differentiating up to both would run the caller's graph between them inside this backward and
+// again in the engine. When everything such a tensor comes from is captured too, it is no input of
+// the node: its gradient reaches them through the caller's graph inside the backward. When it also
+// comes from elsewhere, that part would be lost: refused, in one line.
+std::vector<Tensor> settle_dependent_captures(const CheckpointCall& call, std::vector<Tensor> captured) {
+  const auto targets = gradient_nodes(captured);
+  std::vector<Tensor> kept;
+  for (auto& t : captured) {
+    if (t.grad_fn()) {
+      const auto u = upstream_of(*t.grad_fn(), targets);
+      TORCH_CHECK(!(u.reaches_target && u.ends_elsewhere), where(call), ": the function reads a tensor of the caller's "
+                  "graph (", t.scalar_type(), t.sizes(), ", not passed to the checkpoint) computed both from a "
+                  "tensor it also reads (a parameter) and from others; pass that tensor to the checkpoint as an input");
+      if (u.reaches_target) continue;
+    }
+    kept.push_back(std::move(t));
+  }
+  return kept;
+}
+
+// Under create_graph the backward differentiates up to the inputs themselves; an input computed
+// from another tensor it differentiates up to (the output of the same module checkpointed before)
+// would have the caller's graph between them run inside this backward and again by the engine.
+void refuse_dependent_inputs(const CheckpointState& s, const std::vector<size_t>& slots) {
+  std::vector<Tensor> asked;
+  for (const auto i : slots) asked.push_back(s.inputs[i]);
+  const auto targets = gradient_nodes(asked);
+  for (const auto i : slots) {
+    if (i >= s.num_inputs || !s.inputs[i].grad_fn()) continue;
+    TORCH_CHECK(!upstream_of(*s.inputs[i].grad_fn(), targets).reaches_target, where(s.call),
+                ": double backward (create_graph=true) through a checkpoint whose input ", i,
+                " is computed from a tensor the function also reads (the same parameters checkpointed twice); "
+                "compute higher-order gradients without checkpointing this segment");
+  }
+}
+
+// While the recompute is differentiated up to the captured tensors, their gradient hooks (and
+// retain_grad) are set aside: the engine runs them once, when it takes the gradients this node
+// returns, as it would without the checkpoint.
+class HooksSetAside {
+ public:
+  explicit HooksSetAside(const std::vector<Tensor>& tensors) {
+    std::unordered_set<const torch::autograd::Node*> done;
+    for (const auto& t : tensors) {
+      if (const auto& fn = t.grad_fn()) {
+        if (!done.insert(fn.get()).second) continue;
+        Entry e{t, fn, {}, {}};
+        e.pre.swap(fn->tensor_pre_hooks());
+        e.retains.swap(fn->retains_grad_hooks());
+        entries_.push_back(std::move(e));
+      } else {
+        Entry e{t, nullptr, {}, {}};
+        e.pre.swap(torch::autograd::impl::hooks(t));
+        entries_.push_back(std::move(e));
+      }
+    }
+  }
+  ~HooksSetAside() {
+    for (auto& e : entries_) {
+      if (e.node) {
+        e.node->tensor_pre_hooks().swap(e.pre);
+        e.node->retains_grad_hooks().swap(e.retains);
+      } else {
+        torch::autograd::impl::hooks(e.tensor).swap(e.pre);
+      }
+    }
+  }
+  HooksSetAside(const HooksSetAside&) = delete;
+  HooksSetAside& operator=(const HooksSetAside&) = delete;
+
+ private:
+  struct Entry {
+    Tensor tensor;
+    c10::intrusive_ptr<torch::autograd::Node> node;
+    std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>> pre;
+    std::unordered_map<size_t, std::unique_ptr<torch::autograd::FunctionPreHook>> retains;
+  };
+  std::vector<Entry> entries_;
+};
+
+// A backward that reaches the checkpoint again: allowed while the graph is kept (retain_graph), as
+// plain autograd allows it; refused once the first backward has released the inputs.
+void refuse_released(const CheckpointState& s) {
   TORCH_CHECK(!s.consumed, where(s.call),
-              ": backward ran a second time through the same checkpoint; the checkpoint "
-              "releases its inputs after the first backward, so run the forward again for each "
-              "backward (retain_graph=true is not supported)");
-  // The recompute runs a nested backward over the whole recomputed graph, which accumulates
-  // into every parameter inside the function. That is the step's ordinary backward, but not
-  // what grad() or backward(inputs=...) asked for: refuse those before anything is computed, as
-  // torch.utils.checkpoint(use_reentrant=True) does, rather than fill .grad behind their back.
-  TORCH_CHECK(torch::autograd::Engine::get_default_engine().is_checkpoint_valid(), where(s.call),
-              ": torch::autograd::grad() and backward(inputs=...) are not supported through a "
-              "checkpoint (its recompute would also fill .grad of every parameter inside); call "
-              "backward() on the loss with no inputs, or leave this segment un-checkpointed");
-  // Under create_graph the gradients would have to carry a graph back to the caller's inputs;
-  // the recompute starts from detached copies of them, so refuse instead of returning
-  // gradients whose second derivative is silently missing.
-  TORCH_CHECK(!torch::GradMode::is_enabled(), where(s.call),
-              ": double backward (create_graph=true) is not supported through a checkpoint; "
-              "compute higher-order gradients without checkpointing this segment");
+              ": backward ran a second time through the same checkpoint, after a backward that did not keep "
+              "the graph; pass retain_graph=true to the first backward, or run the forward again for each backward");
 }
 
 void check_inputs_unchanged(const CheckpointState& s) {
   const auto now = versions_of(s.inputs);
   for (size_t i = 0; i < now.size(); ++i) {
-    TORCH_CHECK(now[i] == s.versions[i], where(s.call), ": input ", i,
-                " was changed in place after the forward (version ", s.versions[i], " -> ", now[i],
-                "), so the recompute would start from other data; clone the tensor before "
+    if (now[i] == s.versions[i]) continue;
+    const auto what = i < s.num_inputs ? fmt::format("input {}", i)
+                                       : c10::str("a tensor it reads from outside (a parameter or captured tensor, ",
+                                                  s.inputs[i].scalar_type(), s.inputs[i].sizes(), ")");
+    TORCH_CHECK(false, where(s.call), ": ", what, " was changed in place after the forward (version ", s.versions[i],
+                " -> ", now[i], "), so the recompute would start from other data; clone the tensor before "
                 "changing it, or do not checkpoint this segment");
   }
 }
 
-// The function again, from the detached inputs, under the forward's RNG and autocast state.
-std::vector<Tensor> recompute(const CheckpointState& s, const std::vector<Tensor>& detached) {
+// The function again, from the caller's inputs themselves (the recomputed graph reaches the same
+// leaves and graph tensors as the forward would have), under the forward's RNG and autocast state.
+//
+// Inputs that require grad go in as leaves of their own (detached): the backward differentiates up
+// to them and stops there, never running the caller's graph behind an input, which may also lead
+// to the parameters (the same module checkpointed twice) and is the engine's to run. Under
+// create_graph the inputs go in themselves, so that the gradients carry a graph back to them.
+std::vector<Tensor> recompute(const CheckpointState& s, bool create_graph, std::vector<Tensor>& inputs) {
   // Fork the RNG: replay the forward's state for the recompute, then give the caller back the
   // state it had, so that checkpointing leaves the random stream of the step unchanged.
   std::optional<RngState> caller_rng;
@@ -118,17 +301,24 @@ std::vector<Tensor> recompute(const CheckpointState& s, const std::vector<Tensor
   {
     RecomputeMark mark;
     torch::AutoGradMode grad(true);
+    inputs.assign(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
+    if (!create_graph) {
+      at::DisableRecordFunctionGuard quiet;
+      for (auto& x : inputs) {
+        if (x.requires_grad()) x = x.detach().requires_grad_(true);
+      }
+    }
     if (s.options.recompute_fp32()) {
       // Low-precision inputs (the forward ran under autocast) go in as fp32; their gradients
       // flow back through the cast.
       std::vector<Tensor> wide;
-      for (const auto& d : detached) {
+      for (const auto& d : inputs) {
         const auto t = d.scalar_type();
         wide.push_back(t == torch::kHalf || t == torch::kBFloat16 ? d.to(torch::kFloat) : d);
       }
       outputs = s.fn(wide);
     } else {
-      outputs = s.fn(detached);
+      outputs = s.fn(inputs);
     }
   }
   if (s.options.observer()) s.options.observer()->recompute_end(s.call, outputs);
@@ -159,80 +349,51 @@ void check_recompute_matches_forward(const CheckpointState& s, const std::vector
   }
 }
 
+// The autograd node of one call. Its inputs are the caller's inputs and the captured tensors; its
+// outputs were computed before it (the captured tensors are known only once the function ran), so
+// its forward only hands them over.
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<CheckpointState> state,
-                               at::TensorList args) {
+                               at::TensorList /*inputs and captured tensors: the node's edges*/) {
     auto& s = *state;
-    std::vector<Tensor> inputs(args.begin(), args.begin() + static_cast<int64_t>(s.num_inputs));
-    {
-      // The checkpoint's own bookkeeping is not the function's work: keep it out of op traces.
-      at::DisableRecordFunctionGuard quiet;
-      if (s.options.preserve_rng_state()) s.rng = RngState::capture();
-    }
-    s.autocast = AutocastState::capture();
-
-    const auto& observer = s.options.observer();
-    const auto entry_versions = versions_of(inputs);
-    if (observer) observer->forward_begin(s.call, inputs);
-    std::vector<Tensor> outputs = s.fn(inputs);
-    if (observer) observer->forward_end(s.call, inputs, outputs);
-
-    s.versions = versions_of(inputs);
-    if (s.options.check_input_versions()) {
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        TORCH_CHECK(s.versions[i] == entry_versions[i], where(s.call),
-                    ": the checkpointed function changed its input ", i,
-                    " in place (version ", entry_versions[i], " -> ", s.versions[i],
-                    "), so the recompute would start from other data and the gradients would be "
-                    "wrong; clone the input before changing it, or move the in-place op out of "
-                    "the checkpointed segment");
-      }
-    }
-
-    at::DisableRecordFunctionGuard quiet;
     std::vector<Tensor> non_differentiable;
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      auto& out = outputs[i];
-      TORCH_CHECK(out.defined(), where(s.call), ": output ", i,
-                  " of the checkpointed function is an undefined tensor; return defined tensors "
-                  "only");
-      // A view (of an input, or of an intermediate changed in place, pytorch#26546) would be
-      // rebased by autograd's view logic onto a graph that bypasses this checkpoint's backward, and
-      // an input returned as is would alias it: hand out a tensor of its own instead.
-      if (out.is_view() || shares_impl(out, inputs)) out = out.clone();
+    for (const auto& out : s.outputs) {
       if (!out.is_floating_point() && !out.is_complex()) non_differentiable.push_back(out);
     }
     ctx->mark_non_differentiable(non_differentiable);
-    for (const auto& out : outputs) s.output_meta.emplace_back(out.sizes().vec(), out.scalar_type());
-
-    s.inputs = std::move(inputs);
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return outputs;
+    return std::move(s.outputs);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
         ctx->saved_data["state"].toCapsule());
     auto& s = *state;
-    refuse_unsupported_backward(s);
-    s.consumed = true;
-    std::vector<Tensor> detached;
+    refuse_released(s);
+    // The backward asks for what it asks: all inputs for loss.backward(), some for
+    // autograd::grad(...) or backward(inputs=...). Only those are differentiated, and nothing is
+    // accumulated here: the engine routes the returned gradients, as it does for any node.
+    std::vector<size_t> slots;
+    for (size_t i = 0; i < s.inputs.size(); ++i) {
+      if (s.inputs[i].requires_grad() && ctx->needs_input_grad(i)) slots.push_back(i);
+    }
+    const bool keep_graph = torch::autograd::get_current_graph_task_keep_graph();
+    // Under create_graph the engine runs backward with grad mode on: the gradients then carry the
+    // recomputed graph, which reaches the inputs themselves, so a second derivative is exact.
+    const bool create_graph = torch::GradMode::is_enabled();
     std::vector<Tensor> buffers;  // values the forward left, put back once gradients have flowed
     {
       at::DisableRecordFunctionGuard quiet;
-      detached.reserve(s.inputs.size());
-      for (const auto& x : s.inputs) {
-        auto d = x.detach();
-        d.requires_grad_(x.requires_grad());
-        detached.push_back(d);
-      }
       for (const auto& b : s.options.restore_buffers()) buffers.push_back(b.detach().clone());
     }
-    if (s.options.observer()) s.options.observer()->recompute_begin(s.call, s.inputs, grad_outputs);
+    const std::vector<Tensor> caller_inputs(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
+    if (s.options.observer()) s.options.observer()->recompute_begin(s.call, caller_inputs, grad_outputs);
     if (s.options.check_input_versions()) check_inputs_unchanged(s);
 
-    const std::vector<Tensor> outputs = recompute(s, detached);
+    if (create_graph) refuse_dependent_inputs(s, slots);
+    std::vector<Tensor> recompute_inputs;
+    const std::vector<Tensor> outputs = recompute(s, create_graph, recompute_inputs);
     check_recompute_matches_forward(s, outputs, grad_outputs);
     std::vector<Tensor> roots, grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -241,7 +402,18 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         grads.push_back(grad_outputs[i]);
       }
     }
-    if (!roots.empty()) torch::autograd::backward(roots, grads);
+    variable_list result(1 + s.inputs.size());  // the state argument first, then one per edge
+    if (!roots.empty() && !slots.empty()) {
+      std::vector<Tensor> targets, outside;  // outside: tensors of the caller's graph among them
+      for (const auto i : slots) {
+        targets.push_back(i < s.num_inputs ? recompute_inputs[i] : s.inputs[i]);
+        if (i >= s.num_inputs || create_graph) outside.push_back(s.inputs[i]);
+      }
+      HooksSetAside aside(outside);
+      const auto found = torch::autograd::grad(roots, targets, grads, /*retain_graph=*/create_graph, create_graph,
+                                               /*allow_unused=*/true);
+      for (size_t k = 0; k < slots.size(); ++k) result[1 + slots[k]] = found[k];
+    }
     if (!buffers.empty()) {
       // Only now: the recomputed graph may have saved these very tensors (batch_norm does), and
       // writing them earlier would fail its version check.
@@ -249,13 +421,11 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       at::DisableRecordFunctionGuard quiet;
       for (size_t i = 0; i < buffers.size(); ++i) s.options.restore_buffers()[i].copy_(buffers[i]);
     }
-
-    variable_list result;
-    result.reserve(2 + s.inputs.size());
-    result.emplace_back();  // the state argument
-    for (const auto& d : detached) result.push_back(d.requires_grad() ? d.grad() : Tensor());
-    if (s.dummy) result.emplace_back();
-    s.inputs.clear();  // release the saved activations now, as autograd does for saved tensors
+    if (!keep_graph) {
+      // Release the saved activations now, as autograd does for saved tensors.
+      s.consumed = true;
+      s.inputs.clear();
+    }
     return result;
   }
 };
@@ -265,27 +435,62 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 std::vector<Tensor> checkpoint(const TensorsFn& fn, const std::vector<Tensor>& inputs,
                                const CheckpointOptions& options) {
   auto state = c10::make_intrusive<CheckpointState>();
-  state->fn = fn;
-  state->options = options;
-  state->call = CheckpointCall{options.name(), next_call_id++};
-  state->num_inputs = inputs.size();
+  auto& s = *state;
+  s.fn = fn;
+  s.options = options;
+  s.call = CheckpointCall{options.name(), next_call_id++};
+  s.num_inputs = inputs.size();
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TORCH_CHECK(inputs[i].defined(), where(state->call), ": input ", i,
-                " is an undefined tensor; pass defined tensors only");
+    TORCH_CHECK(inputs[i].defined(), where(s.call), ": input ", i, " is an undefined tensor; pass defined tensors only");
+  }
+  const bool grad_mode = torch::GradMode::is_enabled();
+  {
+    // The checkpoint's own bookkeeping is not the function's work: keep it out of op traces.
+    at::DisableRecordFunctionGuard quiet;
+    if (s.options.preserve_rng_state()) s.rng = RngState::capture();
+  }
+  s.autocast = AutocastState::capture();
+
+  std::vector<Tensor> captured;
+  {
+    // The function runs without autograd: nothing inside it is kept for the backward.
+    torch::NoGradGuard no_grad;
+    std::optional<CapturedTensors> watch;
+    if (grad_mode) watch.emplace(inputs);
+    const auto& observer = s.options.observer();
+    const auto entry_versions = versions_of(inputs);
+    if (observer) observer->forward_begin(s.call, inputs);
+    s.outputs = s.fn(inputs);
+    if (observer) observer->forward_end(s.call, inputs, s.outputs);
+    if (watch) captured = watch->take();
+    captured = settle_dependent_captures(s.call, std::move(captured));
+    if (s.options.check_input_versions()) {
+      const auto exit_versions = versions_of(inputs);
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        TORCH_CHECK(exit_versions[i] == entry_versions[i], where(s.call), ": the checkpointed function changed its input ",
+                    i, " in place (version ", entry_versions[i], " -> ", exit_versions[i],
+                    "), so the recompute would start from other data and the gradients would be "
+                    "wrong; clone the input before changing it, or move the in-place op out of "
+                    "the checkpointed segment");
+      }
+    }
   }
 
-  std::vector<Tensor> args = inputs;
-  bool any_requires_grad = false;
-  for (const auto& x : inputs) any_requires_grad = any_requires_grad || x.requires_grad();
-  // When no input requires grad the autograd node would not be recorded and the parameters inside
-  // the function would get no gradient (the reentrant pitfall behind Hugging Face's
-  // enable_input_require_grads). A zero-size tensor that requires grad keeps the node in the graph.
-  const bool dummy = torch::GradMode::is_enabled() && !any_requires_grad;
-  if (dummy) args.push_back(torch::empty({0}, torch::requires_grad()));
-  state->dummy = dummy;
-
-  auto outputs = CheckpointFunction::apply(state, at::TensorList(args));
-  return outputs;
+  at::DisableRecordFunctionGuard quiet;
+  for (size_t i = 0; i < s.outputs.size(); ++i) {
+    auto& out = s.outputs[i];
+    TORCH_CHECK(out.defined(), where(s.call), ": output ", i,
+                " of the checkpointed function is an undefined tensor; return defined tensors only");
+    // A view (of an input, or of an intermediate changed in place, pytorch#26546) would be
+    // rebased by autograd's view logic onto a graph that bypasses this checkpoint's backward, and
+    // an input returned as is would alias it: hand out a tensor of its own instead.
+    if (out.is_view() || shares_impl(out, inputs) || shares_impl(out, captured)) out = out.clone();
+    s.output_meta.emplace_back(out.sizes().vec(), out.scalar_type());
+  }
+  s.inputs = inputs;
+  s.inputs.insert(s.inputs.end(), captured.begin(), captured.end());
+  s.versions = versions_of(s.inputs);
+  return CheckpointFunction::apply(state, at::TensorList(s.inputs));
 }
 
 Tensor checkpoint(const TensorFn& fn, const Tensor& input, const CheckpointOptions& options) {

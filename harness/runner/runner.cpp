@@ -118,6 +118,12 @@ class EvidenceObserver : public CheckpointObserver {
     }
     if (!evidence_) return;
     auto& e = calls_[c.id];
+    ++open_recomputes_[c.id];
+    if (e.recomputed) {
+      // Again (a backward that kept the graph, a double backward): the evidence of the first stands.
+      output_grads(c, grads);
+      return;
+    }
     e.recomputed = true;
     e.versions_recompute = versions_of(inputs);
     // State the unit reads: its own modules' (a module cannot reach its parent's state, other than
@@ -139,7 +145,6 @@ class EvidenceObserver : public CheckpointObserver {
         if (!aliases.empty()) e.state_paths[plain] = aliases.size() + 1;
       }
     }
-    state_at_forward_.erase(c.id);
     const auto& prints = entry_prints_[c.id];
     for (size_t i = 0; i < inputs.size(); ++i) {
       e.content_changed.push_back(i < prints.size() && fingerprint(inputs[i]) != prints[i]);
@@ -165,11 +170,13 @@ class EvidenceObserver : public CheckpointObserver {
     }
     if (!evidence_) return;
     auto& e = calls_[c.id];
+    const bool again = !e.output_diffs.empty();
+    --open_recomputes_[c.id];
     // Whatever the checkpoint (ckcheck's, torch's, the model's own): a recompute that drew the
     // forward's random numbers from the forward's state ends where the forward ended.
     if (auto it = rng_after_forward_.find(c.id); it != rng_after_forward_.end()) {
-      e.rng_replayed = RngState::capture() == it->second;
-      rng_after_forward_.erase(it);
+      const bool replayed = RngState::capture() == it->second;
+      e.rng_replayed = again ? e.rng_replayed && replayed : replayed;
     }
     const auto& before = outputs_[c.id];
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -177,21 +184,23 @@ class EvidenceObserver : public CheckpointObserver {
       d.name = fmt::format("{} output {}", c.site, i);
       d.kind = "output";
       d.step = e.step;
-      e.output_diffs.push_back(d);
+      // A later recompute adds only what differs: that is evidence; its equal outputs repeat the first's.
+      if (!again || !d.equal) e.output_diffs.push_back(d);
     }
-    outputs_.erase(c.id);
   }
 
   void flush() {
     for (auto& [id, e] : calls_) {
-      // recompute_end drops the forward's outputs; still held, the recompute did not finish.
-      e.recompute_failed = e.recomputed && outputs_.count(id) > 0;
+      // A recompute that began and did not end did not finish.
+      e.recompute_failed = e.recomputed && open_recomputes_[id] > 0;
       record_.calls.push_back(std::move(e));
     }
     calls_.clear();
     outputs_.clear();
+    open_recomputes_.clear();
     entry_prints_.clear();
     rng_after_forward_.clear();
+    state_at_forward_.clear();
   }
 
  private:
@@ -199,7 +208,8 @@ class EvidenceObserver : public CheckpointObserver {
   bool evidence_;
   OpTracer* tracer_;
   std::map<int64_t, CallEvidence> calls_;
-  std::map<int64_t, std::vector<Tensor>> outputs_;
+  std::map<int64_t, std::vector<Tensor>> outputs_;  // the forward's, until the step ends
+  std::map<int64_t, int> open_recomputes_;           // recomputes begun and not ended
   std::map<int64_t, std::vector<uint64_t>> entry_prints_;
   std::map<int64_t, RngState> rng_before_;
   std::map<int64_t, RngState> rng_after_forward_;

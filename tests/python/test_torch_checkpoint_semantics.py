@@ -120,6 +120,20 @@ def double_backward(mode):
     return "same" if torch.allclose(second("plain"), second(mode)) else "different"
 
 
+def captured_tensor(mode):
+    stem, lin = nn.Linear(8, 8), nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def grads(m):
+        stem.zero_grad()
+        h = stem(x)  # read inside the checkpointed function without being passed, and used after it
+        y = call(lambda t: lin(t) * h, x, m)
+        (y + h).sum().backward()
+        return stem.weight.grad.clone()
+
+    return "same" if torch.equal(grads("plain"), grads(mode)) else "different"
+
+
 # (case, {mode: expected result}); "error" means PyTorch raises, with the message in the table.
 EXPECTED = [
     (dropout_replay, {"reentrant": "same", "non-reentrant": "same"}),
@@ -130,6 +144,7 @@ EXPECTED = [
     (grad_of_input, {"reentrant": "error", "non-reentrant": "exact"}),
     (backward_with_inputs, {"reentrant": "error", "non-reentrant": "exact"}),
     (double_backward, {"reentrant": "error", "non-reentrant": "same"}),
+    (captured_tensor, {"reentrant": "error", "non-reentrant": "same"}),
 ]
 
 

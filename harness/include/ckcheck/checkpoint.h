@@ -3,20 +3,21 @@
 //
 // The forward runs the function under no-grad and keeps only its inputs; the backward recomputes
 // it under grad mode -- with the forward's RNG state and autocast state put back -- and
-// back-propagates through the recomputed graph (the "reentrant" design of
-// torch.utils.checkpoint, use_reentrant=True). Unlike that design it also gives parameters their
-// gradients when no input requires grad, and it refuses, with a clear error, what it cannot do
-// correctly: an input changed in place, a second backward, a non-tensor output.
-//
-// What backward may ask for. The recompute back-propagates through the whole recomputed graph,
-// so it serves the ordinary training backward: `loss.backward()` or
-// `torch::autograd::backward({loss})`. It refuses, before recomputing anything:
-//   - torch::autograd::grad(...) and backward(..., inputs={...}): the nested backward would fill
-//     .grad of every parameter inside the function, which neither call may touch (PyTorch's
-//     reentrant checkpoint refuses these too; its non-reentrant one supports them);
-//   - double backward (create_graph=true): the recompute starts from detached inputs, so the
-//     gradients could not carry a graph back to them.
-// The refusal is a c10::Error whose first line names the checkpoint and the way out.
+// differentiates the recomputed graph (the "reentrant" design of torch.utils.checkpoint,
+// use_reentrant=True). Unlike that design it gives the backward what plain autograd would:
+//   - the autograd node's inputs are the function's inputs and every tensor requiring grad that
+//     the function reads from outside (its parameters, tensors of the caller's graph it captures),
+//     found while the forward runs; so parameters get their gradients when no input requires grad,
+//     and a captured tensor's graph runs once, after all its uses;
+//   - the backward differentiates only what the engine asks for and accumulates nothing itself:
+//     `loss.backward()`, `torch::autograd::grad(...)` (nothing accumulated into any .grad) and
+//     `backward(..., inputs={...})` (only those leaves) all give plain autograd's results;
+//   - under create_graph=true the recomputed graph reaches the inputs themselves, so double
+//     backward (gradient penalties) is exact;
+//   - a second backward works while the graph is kept (retain_graph=true), as without it.
+// It refuses, with a c10::Error whose first line names the checkpoint and the way out, what it
+// cannot do correctly: an input (or a tensor it reads from outside) changed in place, a backward
+// after one that released the graph, a recompute of another shape, a non-tensor output.
 //
 //   #include <ckcheck/checkpoint.h>
 //   auto y = ckcheck::checkpoint([&](const torch::Tensor& x) { return block->forward(x); }, x);

@@ -246,18 +246,31 @@ bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& 
   if (recomputed == 0 && !ctx.records.compiled) return false;
   torch::NoGradGuard no_grad;
   const double step_scale = largest_gradient(ctx);
+  double output_epsilon = 0.0;
+  for (const auto& t : ctx.records.reference.tensors) {
+    if (t.kind == "output" && t.value.defined() && t.value.is_floating_point()) {
+      output_epsilon = std::max(output_epsilon, epsilon_of(t.value));
+    }
+  }
   size_t differing = 0;
   for (const auto& d : ctx.diffs) {
     if (d.equal || is_state_kind(d.kind)) continue;
     ++differing;
-    if (!is_gradient(d.kind) || d.missing != "none" || !d.note.empty() ||
+    // Compiled, the checkpointed step is another program for the compiler (a checkpoint outside
+    // its graphs, other fusions): its forward may round differently too, the loss and outputs
+    // measured on their own scale.
+    const bool forward_value = ctx.records.compiled && (d.kind == "loss" || d.kind == "output");
+    if (!(is_gradient(d.kind) || forward_value) || d.missing != "none" || !d.note.empty() ||
         d.nonfinite_checkpointed + d.nonfinite_reference > 0) {
       return false;
     }
     const auto* ref = ctx.records.reference.find(d.name, d.kind, d.step);
     if (!ref || !ref->value.defined()) return false;
-    const double scale = std::max(ref->value.abs().max().item<double>(), step_scale);
-    if (!(d.max_abs <= kReassociationEps * epsilon_of(ref->value) * scale)) return false;
+    const double own = ref->value.abs().max().item<double>();
+    const double scale = forward_value ? own : std::max(own, step_scale);
+    // The loss is kept in double; it was computed in the outputs' precision.
+    const double eps = d.kind == "loss" ? output_epsilon : epsilon_of(ref->value);
+    if (!(d.max_abs <= kReassociationEps * eps * scale)) return false;
   }
   return differing > 0;
 }

@@ -57,7 +57,8 @@ constexpr double kReassociationEps = 1024.0;
 /// scale: its own largest value, or the largest of all the step's gradients where that is larger
 /// (a gradient whose true value is zero is summed from terms of that size and keeps their noise). The backward then computed the same contributions and added them in another
 /// order: a reentrant checkpoint runs a separate backward per checkpointed call, and adds each
-/// call's part to .grad on its own.
+/// call's part to .grad on its own. Compiled, the loss and outputs may differ too, within the same
+/// bound of their own largest value: the compiler's kernels for the checkpointed step are others.
 bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained);
 
 /// The checkpointed unit a tensor belongs to ("blocks.1.bn1.running_mean" -> "blocks.1"), or "".

@@ -76,8 +76,8 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
   } else if (step.rounding && ctx.records.compiled) {
     f.cause = Cause::kAccumulationOrder;
     evidence = fmt::format(
-        "the loss and outputs are equal; the gradient differs by {:.3g}, within {} epsilons of its largest value: "
-        "the compiled checkpointed step computes the same math in other kernels (recompute drift within rounding)",
+        "the loss, outputs and gradients differ by rounding only; this one by {:.3g}, within {} epsilons of its "
+        "largest value: the compiled checkpointed step computes the same math in other kernels",
         d.max_abs, kReassociationEps);
   } else if (step.rounding) {
     f.cause = Cause::kAccumulationOrder;

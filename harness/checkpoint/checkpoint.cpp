@@ -45,7 +45,7 @@ struct CheckpointState : torch::CustomClassHolder {
   std::vector<Tensor> outputs;  // computed before the node exists, handed to it once
   // Each forward output's shape and dtype: the recompute must reproduce them.
   std::vector<std::pair<std::vector<int64_t>, c10::ScalarType>> output_meta;
-  std::optional<RngState> rng;
+  std::optional<RngFork> rng;
   AutocastState autocast;
   bool consumed = false;
 };
@@ -96,6 +96,9 @@ class CapturedTensors {
   }
 
   static thread_local CapturedTensors* current_;
+  // On even where the caller turned RecordFunction off: without it the parameters would go unseen
+  // and get no gradient.
+  at::RecordFunctionGuard enabled_{true};
   CapturedTensors* previous_;
   at::CallbackHandle handle_{};
   std::unordered_set<const c10::TensorImpl*> seen_;
@@ -283,10 +286,10 @@ void check_inputs_unchanged(const CheckpointState& s) {
 std::vector<Tensor> recompute(const CheckpointState& s, bool create_graph, std::vector<Tensor>& inputs) {
   // Fork the RNG: replay the forward's state for the recompute, then give the caller back the
   // state it had, so that checkpointing leaves the random stream of the step unchanged.
-  std::optional<RngState> caller_rng;
+  std::optional<RngFork> caller_rng;
   if (s.rng) {
     at::DisableRecordFunctionGuard quiet;
-    caller_rng = RngState::capture();
+    caller_rng = RngFork::capture();
     s.rng->restore();
   }
   std::optional<AutocastScope> autocast;
@@ -447,7 +450,7 @@ std::vector<Tensor> checkpoint(const TensorsFn& fn, const std::vector<Tensor>& i
   {
     // The checkpoint's own bookkeeping is not the function's work: keep it out of op traces.
     at::DisableRecordFunctionGuard quiet;
-    if (s.options.preserve_rng_state()) s.rng = RngState::capture();
+    if (s.options.preserve_rng_state()) s.rng = RngFork::capture();
   }
   s.autocast = AutocastState::capture();
 

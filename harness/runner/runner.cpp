@@ -118,7 +118,6 @@ class EvidenceObserver : public CheckpointObserver {
     }
     if (!evidence_) return;
     auto& e = calls_[c.id];
-    ++open_recomputes_[c.id];
     if (e.recomputed) {
       // Again (a backward that kept the graph, a double backward): the evidence of the first stands.
       output_grads(c, grads);
@@ -171,7 +170,7 @@ class EvidenceObserver : public CheckpointObserver {
     if (!evidence_) return;
     auto& e = calls_[c.id];
     const bool again = !e.output_diffs.empty();
-    --open_recomputes_[c.id];
+    recompute_ended_.insert(c.id);
     // Whatever the checkpoint (ckcheck's, torch's, the model's own): a recompute that drew the
     // forward's random numbers from the forward's state ends where the forward ended.
     if (auto it = rng_after_forward_.find(c.id); it != rng_after_forward_.end()) {
@@ -191,13 +190,13 @@ class EvidenceObserver : public CheckpointObserver {
 
   void flush() {
     for (auto& [id, e] : calls_) {
-      // A recompute that began and did not end did not finish.
-      e.recompute_failed = e.recomputed && open_recomputes_[id] > 0;
+      // A call whose recompute began and never ended did not finish.
+      e.recompute_failed = e.recomputed && recompute_ended_.count(id) == 0;
       record_.calls.push_back(std::move(e));
     }
     calls_.clear();
     outputs_.clear();
-    open_recomputes_.clear();
+    recompute_ended_.clear();
     entry_prints_.clear();
     rng_after_forward_.clear();
     state_at_forward_.clear();
@@ -209,7 +208,7 @@ class EvidenceObserver : public CheckpointObserver {
   OpTracer* tracer_;
   std::map<int64_t, CallEvidence> calls_;
   std::map<int64_t, std::vector<Tensor>> outputs_;  // the forward's, until the step ends
-  std::map<int64_t, int> open_recomputes_;           // recomputes begun and not ended
+  std::set<int64_t> recompute_ended_;                // calls a recompute of which ended
   std::map<int64_t, std::vector<uint64_t>> entry_prints_;
   std::map<int64_t, RngState> rng_before_;
   std::map<int64_t, RngState> rng_after_forward_;

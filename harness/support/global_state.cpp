@@ -1,5 +1,6 @@
 #include "harness/support/global_state.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
@@ -42,6 +43,34 @@ bool RngState::operator==(const RngState& other) const {
     if (cuda[i].first != other.cuda[i].first || !same(cuda[i].second, other.cuda[i].second)) return false;
   }
   return true;
+}
+
+RngFork RngFork::capture() {
+  RngFork f;
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* cpu = at::check_generator<at::CPUGeneratorImpl>(gen);
+    f.cpu_engine_ = cpu->engine();
+    f.cpu_next_float_ = cpu->next_float_normal_sample();
+    f.cpu_next_double_ = cpu->next_double_normal_sample();
+  }
+  for (int d = 0; d < cuda_device_count(); ++d) {
+    if (compat::cuda_device_initialised(d)) f.cuda_.emplace_back(d, compat::generator_state(cuda_generator(d)));
+  }
+  return f;
+}
+
+void RngFork::restore() const {
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    auto* cpu = at::check_generator<at::CPUGeneratorImpl>(gen);
+    cpu->set_engine(cpu_engine_);
+    cpu->set_next_float_normal_sample(cpu_next_float_);
+    cpu->set_next_double_normal_sample(cpu_next_double_);
+  }
+  for (const auto& [d, state] : cuda_) compat::set_generator_state(cuda_generator(d), state);
 }
 
 void seed_all(uint64_t seed) {

@@ -2,9 +2,11 @@
 // random generators and the autocast settings.
 #pragma once
 
+#include <ATen/core/MT19937RNGEngine.h>
 #include <c10/core/ScalarType.h>
 #include <torch/types.h>
 
+#include <optional>
 #include <vector>
 
 namespace ckcheck {
@@ -19,6 +21,22 @@ struct RngState {
   void restore() const;
   bool operator==(const RngState& other) const;
   bool operator!=(const RngState& other) const { return !(*this == other); }
+};
+
+/// What ckcheck::checkpoint forks around a recompute: the same generators as RngState, the CPU one
+/// copied as it holds its state (its Mersenne Twister engine and cached normal samples) instead of
+/// serialised to a tensor and parsed back -- the same replay at a fraction of the cost. Not
+/// comparable: RngState is what evidence compares.
+class RngFork {
+ public:
+  static RngFork capture();
+  void restore() const;
+
+ private:
+  at::mt19937 cpu_engine_;
+  std::optional<float> cpu_next_float_;
+  std::optional<double> cpu_next_double_;
+  std::vector<std::pair<int, torch::Tensor>> cuda_;  // device index, state
 };
 
 /// Seeds the CPU generator and every CUDA generator, like torch.manual_seed.

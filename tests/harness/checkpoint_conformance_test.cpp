@@ -1,6 +1,7 @@
 // The behaviours PyTorch's own checkpoint tests pin down, as ckcheck::checkpoint must keep them:
 // each compares a checkpointed computation with the same computation under plain autograd, or
 // with the error the checkpoint documents (checkpoint.h).
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -154,6 +155,21 @@ TEST_F(Conformance, ATensorTheFunctionCapturesGetsItsGradientOnce) {
   expect_same_grads(net.grads(), want, "captured tensor");
   EXPECT_TENSORS_EQUAL(stem->weight.grad(), want_stem);
   EXPECT_EQ(fires, 1) << "the captured tensor's graph ran " << fires << " times";
+}
+
+TEST_F(Conformance, ParametersGetTheirGradientsWithRecordFunctionOff) {
+  // The captured tensors are found through RecordFunction; a caller that turned it off must not
+  // lose the parameters' gradients.
+  Net net;
+  auto x = torch::randn({3, 6});
+  net(x).sum().backward();
+  const auto want = net.grads();
+  net.zero();
+  {
+    at::DisableRecordFunctionGuard off;
+    via_checkpoint(net, x).sum().backward();
+  }
+  expect_same_grads(net.grads(), want, "RecordFunction off");
 }
 
 TEST_F(Conformance, NothingRequiresGradGivesOutputsWithoutGraphAsPlainDoes) {

@@ -101,6 +101,25 @@ TEST(Checkpoint, WithoutRngPreservationDropoutGradientsDiffer) {
   EXPECT_TRUE(any_differs(ref, step(blocks, x, checkpointed(CheckpointOptions().preserve_rng_state(false)))));
 }
 
+TEST(Checkpoint, TheRngForkReplaysEveryDrawAndLeavesTheStateAsItWas) {
+  // The fork the checkpoint takes copies the CPU generator as it holds its state; the tensor form
+  // (RngState, what the evidence compares) must see no difference after a restore.
+  torch::manual_seed(3);
+  torch::randn({1});  // a normal sample may now be cached by the generator
+  const auto before = RngState::capture();
+  const auto fork = RngFork::capture();
+  auto draw = [] {
+    return std::vector<Tensor>{torch::rand({5}), torch::randn({7}), torch::bernoulli(torch::full({6}, 0.5)),
+                               torch::randint(100, {4}), torch::empty({3}, torch::kDouble).normal_()};
+  };
+  const auto first = draw();
+  EXPECT_NE(RngState::capture(), before) << "the draws moved the generator (the control)";
+  fork.restore();
+  EXPECT_EQ(RngState::capture(), before);
+  const auto again = draw();
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_TENSORS_EQUAL(again[i], first[i]) << "draw " << i;
+}
+
 TEST(Checkpoint, RecomputeLeavesTheCallersRandomStreamAlone) {
   auto blocks = make_blocks(1, 8, 0.5);
   auto x = torch::randn({4, 8});

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,6 +65,9 @@ struct BenchOptions {
   /// policy whose step fails a correctness check); with what equality.
   bool verify = true;
   Tolerance tolerance;
+  /// Verdicts already known (policy text -> checks verdict and failures, as PolicyBench has them):
+  /// those policies are not checked again (ckcheck plan checks its plans before measuring them).
+  std::map<std::string, std::pair<std::string, std::vector<std::string>>> known_checks;
   /// The `ckcheck run` command of this model without --policy: where the findings of a policy that
   /// fails its checks are seen in full.
   std::string check_command;

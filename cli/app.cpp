@@ -15,6 +15,7 @@
 #include "cli/diagnose.h"
 #include "cli/launch.h"
 #include "cli/list.h"
+#include "cli/plan.h"
 #include "cli/run.h"
 #include "cli/validate_op.h"
 #include "harness/support/errors.h"
@@ -80,7 +81,8 @@ int fail_usage(const std::string& message) {
 
 std::string flag_for_field(const std::string& field) {
   for (const auto& flag : {flag_of(model_option_table(), field), flag_of(run_option_table(), field),
-                           flag_of(bench_option_table(), field), flag_of(validate_op_option_table(), field)}) {
+                           flag_of(bench_option_table(), field), flag_of(plan_option_table(), field),
+                           flag_of(validate_op_option_table(), field)}) {
     if (!flag.empty()) return flag;
   }
   std::string words = field;
@@ -111,6 +113,7 @@ int run_cli(const std::vector<std::string>& given) {
   setup_run(app, exit_code);
   setup_diagnose(app, exit_code);
   setup_bench(app, exit_code);
+  setup_plan(app, exit_code);
   setup_validate_op(app, exit_code);
   setup_list(app, exit_code);
 

@@ -82,6 +82,9 @@ class ConsoleReporter : public Reporter {
     if (r.bench) {
       for (const auto& line : bench_lines(*r.bench)) out << clean(line) << "\n";
     }
+    if (r.plan) {
+      for (const auto& line : plan_lines(*r.plan, r.plan_command)) out << clean(line) << "\n";
+    }
     if (r.cost && r.cost->plain_step_seconds > 0) {
       out << dim(fmt::format("cost: {:.1f} plain steps of CPU time (the plain reference step, first of the run: {})", r.cost->plain_steps(),
                              seconds_text(r.cost->plain_step_seconds)))

@@ -18,6 +18,39 @@ th{background:#f3f3f3}.pass{color:#176b2c}.fail{color:#b00020;font-weight:bold}.
 
 class HtmlReporter : public Reporter {
  private:
+  static void plan(const MemoryPlan& p, const std::string& run_command, std::ostream& out) {
+    out << "<h2>Memory plan</h2>\n<p>" << escape_markup(plan_header(p)) << ".</p>\n";
+    out << bench_svg(p.measured);
+    out << "<table><tr><th>site</th><th>input</th><th>a checkpoint frees</th><th>adds in its backward</th><th>adds time</th></tr>\n";
+    for (const auto& row : plan_site_rows(p)) {
+      out << fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
+                         "<td class=\"num\">{}</td></tr>\n",
+                         escape_markup(row.site), row.input, row.kept, row.extra, row.recompute);
+    }
+    out << "</table>\n";
+    if (const auto note = plan_profile_note(p); !note.empty()) out << "<p>Profile: " << escape_markup(note) << ".</p>\n";
+    out << "<p>Solver: " << escape_markup(p.solver)
+        << fmt::format(" ({} pairs kept in all, at most {} after one site).</p>\n", p.stats.states, p.stats.largest_front);
+    out << "<table><tr><th>plan</th><th>checkpointed</th><th>predicted peak</th><th>measured peak</th><th>error</th>"
+           "<th>time x none predicted</th><th>measured [95%]</th><th>checks</th><th>outcome</th></tr>\n";
+    for (const auto& row : plan_rows(p)) {
+      out << fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
+                         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td>"
+                         "<td>{}</td></tr>\n",
+                         escape_markup(row.policy), row.units, row.predicted_peak, row.measured_peak, row.peak_error,
+                         row.predicted_time, row.measured_time, row.checks == "-" ? "skip" : row.checks, row.checks,
+                         escape_markup(row.outcome));
+    }
+    out << "</table>\n";
+    out << "<p><b>Recommendation:</b> " << escape_markup(plan_recommendation_text(p, "", "")) << ".</p>\n";
+    if (!run_command.empty()) out << "<p>Run it: <code>" << escape_markup(run_command) << "</code></p>\n";
+    if (!p.measured.warnings.empty()) {
+      out << "<ul>";
+      for (const auto& w : p.measured.warnings) out << "<li class=\"warn\">" << escape_markup(w) << "</li>";
+      out << "</ul>\n";
+    }
+  }
+
   static void bench(const BenchResult& b, std::ostream& out) {
     out << "<h2>Memory and time per policy</h2>\n<p>" << escape_markup(bench_header(b)) << ".</p>\n";
     out << bench_svg(b);
@@ -113,6 +146,7 @@ class HtmlReporter : public Reporter {
       out << "</pre>\n";
     }
     if (r.bench) bench(*r.bench, out);
+    if (r.plan) plan(*r.plan, r.plan_command, out);
     if (!r.reproduce.empty()) {
       out << fmt::format("<h2>Reproduce</h2>\n<pre style=\"white-space: pre-wrap; overflow-wrap: anywhere\"><code>{}</code></pre>\n",
                          escape_markup(r.reproduce));

@@ -132,6 +132,10 @@ nlohmann::json report_json(const Report& r) {
     const auto fields = bench_json(*r.bench);  // its fields stand at the top level
     for (const auto& [key, value] : fields.items()) j[key] = value;
   }
+  if (r.plan) {
+    j["plan"] = plan_json(*r.plan);
+    j["plan"]["run_command"] = r.plan_command.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.plan_command);
+  }
   if (r.cost) {
     nlohmann::json phases = nlohmann::json::array();  // in the order they ran
     for (const auto& [name, seconds] : r.cost->phases) phases.push_back({{"part", name}, {"cpu_seconds", seconds}});
@@ -190,6 +194,58 @@ nlohmann::json bench_json(const BenchResult& r) {
 nlohmann::json validation_json(const OpValidation& v) {
   return {{"op", v.op},       {"schema", v.schema}, {"verdict", v.safe ? "safe" : "unsafe"},
           {"causes", validation_causes(v)}, {"notes", v.notes}, {"cases", v.cases}};
+}
+
+nlohmann::json plan_json(const MemoryPlan& p) {
+  nlohmann::json j;
+  const auto& f = p.profile;
+  j["memory_budget_bytes"] = p.memory_budget_bytes;
+  j["baseline_bytes"] = f.baseline_bytes;
+  j["recommendation"] = p.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.recommendation);
+  j["recommendation_reason"] = p.reason;
+  j["fits"] = p.fits;
+  j["solver"] = {{"method", p.solver}, {"states", p.stats.states}, {"largest_front", p.stats.largest_front}};
+  nlohmann::json sites = nlohmann::json::array(), regions = nlohmann::json::array();
+  for (const auto& s : f.sites) {
+    sites.push_back({{"site", s.site}, {"input_bytes", s.input_bytes}, {"output_bytes", s.output_bytes},
+                     {"kept_bytes", s.kept_bytes}, {"forward_peak_bytes", s.forward_peak_bytes},
+                     {"forward_seconds", s.forward_seconds}, {"recompute_extra_bytes", s.recompute_extra_bytes},
+                     {"recompute_seconds", s.recompute_seconds}});
+  }
+  for (const auto& r : f.regions) {
+    regions.push_back({{"where", r.where}, {"peak_bytes", r.peak_bytes}, {"seconds", r.seconds}, {"holding", r.holding},
+                       {"recomputes", r.recomputes ? nlohmann::json(f.sites[*r.recomputes].site) : nlohmann::json(nullptr)}});
+  }
+  j["profile"] = {{"steps", f.steps},   {"step_seconds", f.step_seconds}, {"peak_bytes", f.peak_bytes},
+                  {"sites", sites},     {"regions", regions},             {"uncalibrated", f.uncalibrated},
+                  {"calibration_note", f.calibration_note}};
+  j["attempts"] = nlohmann::json::array();
+  for (const auto& a : p.attempts) {
+    nlohmann::json aj = {{"policy", a.policy},
+                         {"sites", a.sites},
+                         {"predicted_peak_bytes", a.predicted_peak_bytes},
+                         {"predicted_total_bytes", a.predicted_peak_bytes + f.baseline_bytes},
+                         {"peak_where", a.peak_where},
+                         {"predicted_step_seconds", a.predicted_seconds},
+                         {"predicted_time_ratio", f.step_seconds > 0 ? a.predicted_seconds / f.step_seconds : 1.0},
+                         {"checks", a.checks.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.checks)},
+                         {"check_failures", a.check_failures},
+                         {"set_aside", a.set_aside},
+                         {"outcome", a.outcome}};
+    aj["measured_peak_bytes"] = aj["measured_total_bytes"] = aj["measured_time_ratio"] = aj["peak_error"] = nullptr;
+    for (const auto& b : p.measured.policies) {
+      if (b.policy != Policy::parse(a.policy).text() || b.measurement.step_seconds.empty()) continue;
+      aj["measured_peak_bytes"] = b.measurement.peak_bytes;
+      aj["measured_total_bytes"] = b.measurement.peak_bytes + b.measurement.baseline_bytes;
+      aj["measured_time_ratio"] = b.time_ratio;
+      if (b.measurement.peak_bytes > 0) {
+        aj["peak_error"] = static_cast<double>(a.predicted_peak_bytes - b.measurement.peak_bytes) / static_cast<double>(b.measurement.peak_bytes);
+      }
+    }
+    j["attempts"].push_back(aj);
+  }
+  j["measured"] = bench_json(p.measured);
+  return j;
 }
 
 }  // namespace ckcheck

@@ -67,6 +67,26 @@ class MarkdownReporter : public Reporter {
     if (!b.warnings.empty()) out << "\n";
   }
 
+  static void plan(const MemoryPlan& p, const std::string& run_command, std::ostream& out) {
+    out << "### Memory plan\n\n" << md_escape(plan_header(p)) << ".\n\n";
+    out << "| site | input | a checkpoint frees | adds in its backward | adds time |\n|---|---|---|---|---|\n";
+    for (const auto& row : plan_site_rows(p)) {
+      out << fmt::format("| `{}` | {} | {} | {} | {} |\n", md_code(row.site), row.input, row.kept, row.extra, row.recompute);
+    }
+    if (const auto note = plan_profile_note(p); !note.empty()) out << "\nProfile: " << md_escape(note) << ".\n";
+    out << "\nSolver: " << md_escape(p.solver) << fmt::format(" ({} pairs kept in all, at most {} after one site).\n\n", p.stats.states, p.stats.largest_front);
+    out << "| plan | checkpointed | predicted peak | measured peak | error | time x none predicted | measured [95%] | checks | outcome |\n";
+    out << "|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& row : plan_rows(p)) {
+      out << fmt::format("| `{}` | {} | {} | {} | {} | {} | {} | {} | {} |\n", md_code(row.policy), row.units, row.predicted_peak,
+                         row.measured_peak, row.peak_error, row.predicted_time, row.measured_time, row.checks, md_escape(row.outcome));
+    }
+    out << "\n**Recommendation:** " << md_escape(plan_recommendation_text(p, "", "")) << ".\n\n";
+    if (!run_command.empty()) out << "Run it: `" << md_code(run_command) << "`\n\n";
+    for (const auto& w : p.measured.warnings) out << "- warning: " << md_escape(w) << "\n";
+    if (!p.measured.warnings.empty()) out << "\n";
+  }
+
   // The checks, then each finding with its fix.
   static void checks_table(const Report& r, std::ostream& out) {
     if (!r.checks.empty()) {
@@ -139,6 +159,7 @@ class MarkdownReporter : public Reporter {
       out << "```\n\n";
     }
     if (r.bench) bench(*r.bench, out);
+    if (r.plan) plan(*r.plan, r.plan_command, out);
     if (!r.reproduce.empty()) out << fmt::format("Reproduce:\n\n```sh\n{}\n```\n", md_block(r.reproduce));
   }
 };

@@ -13,6 +13,7 @@
 #include "checks/check.h"
 #include "analyses/bench.h"
 #include "analyses/diagnose.h"
+#include "analyses/plan.h"
 #include "analyses/session.h"
 #include "analyses/validate_op.h"
 #include "harness/runner/compare.h"
@@ -41,7 +42,7 @@ struct ModelInfo {
 };
 
 struct Report {
-  std::string command = "run";  // run, diagnose, bench, validate-op
+  std::string command = "run";  // run, diagnose, bench, plan, validate-op
   Verdict verdict = Verdict::kPass;
   ModelInfo model;
   nlohmann::json config = nlohmann::json::object();  // every option, defaults filled in
@@ -51,6 +52,8 @@ struct Report {
   /// What the command found beyond the checks, typed: each format renders it in its own way.
   std::optional<Diagnosis> diagnosis;      // diagnose, run --diagnose
   std::optional<BenchResult> bench;        // bench
+  std::optional<MemoryPlan> plan;          // plan
+  std::string plan_command;                // plan: the ckcheck run command of the plan recommended
   std::optional<OpValidation> validation;  // validate-op
   std::optional<CheckCost> cost;           // run: the check's CPU time in plain steps
   double seconds = 0.0;
@@ -76,6 +79,7 @@ nlohmann::json report_json(const Report& report);
 nlohmann::json diagnosis_json(const Diagnosis& diagnosis);  // "diagnosis"
 nlohmann::json bench_json(const BenchResult& bench);        // the bench fields, at the top level
 nlohmann::json validation_json(const OpValidation& validation);  // "validation"
+nlohmann::json plan_json(const MemoryPlan& plan);                 // "plan"
 
 /// Writes a report to a stream it is given; never opens files.
 class Reporter {

@@ -348,4 +348,86 @@ std::vector<std::string> bench_lines(const BenchResult& r) {
   return out;
 }
 
+const PolicyBench* measured_plan(const MemoryPlan& p, const std::string& policy) {
+  const auto text = Policy::parse(policy).text();
+  for (const auto& b : p.measured.policies) {
+    if (b.policy == text && !b.measurement.step_seconds.empty()) return &b;
+  }
+  return nullptr;
+}
+
+std::vector<PlanRow> plan_rows(const MemoryPlan& p) {
+  std::vector<PlanRow> rows;
+  const double plain = p.profile.step_seconds;
+  for (const auto& a : p.attempts) {
+    PlanRow row;
+    row.policy = a.policy;
+    row.units = std::to_string(a.sites.size());
+    row.predicted_peak = bytes_text(static_cast<double>(a.predicted_peak_bytes));
+    row.predicted_time = plain > 0 ? fmt::format("{:.2f}", a.predicted_seconds / plain) : "-";
+    row.checks = a.checks.empty() ? "-" : a.checks;
+    row.outcome = a.outcome;
+    row.measured_peak = row.peak_error = row.measured_time = "-";
+    if (const auto* m = measured_plan(p, a.policy)) {
+      const auto measured = static_cast<double>(m->measurement.peak_bytes);
+      row.measured_peak = bytes_text(measured);
+      if (measured > 0) row.peak_error = fmt::format("{:.1f}%", 100.0 * (static_cast<double>(a.predicted_peak_bytes) - measured) / measured);
+      row.measured_time = fmt::format("{:.2f} [{:.2f}, {:.2f}]", m->time_ratio, m->time_ratio_low, m->time_ratio_high);
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<SiteRow> plan_site_rows(const MemoryPlan& p) {
+  std::vector<SiteRow> rows;
+  for (const auto& s : p.profile.sites) {
+    rows.push_back({s.site, bytes_text(static_cast<double>(s.input_bytes)), bytes_text(static_cast<double>(s.kept_bytes)),
+                    bytes_text(static_cast<double>(s.recompute_extra_bytes)), seconds_text(s.recompute_seconds)});
+  }
+  return rows;
+}
+
+std::string plan_header(const MemoryPlan& p) {
+  const auto& f = p.profile;
+  return fmt::format("budget {} in all: parameters, gradients and inputs take {}, leaving {} for the step; the plain step peaks "
+                     "{} above them ({} in all) and takes {}; {} candidate sites profiled over {} plain steps",
+                     bytes_text(static_cast<double>(p.memory_budget_bytes)), bytes_text(static_cast<double>(f.baseline_bytes)),
+                     bytes_text(static_cast<double>(std::max<int64_t>(0, p.memory_budget_bytes - f.baseline_bytes))),
+                     bytes_text(static_cast<double>(f.peak_bytes)), bytes_text(static_cast<double>(f.peak_bytes + f.baseline_bytes)),
+                     seconds_text(f.step_seconds), f.sites.size(), f.steps);
+}
+
+std::string plan_profile_note(const MemoryPlan& p) {
+  const auto& f = p.profile;
+  if (f.uncalibrated.empty()) return "";
+  return fmt::format("not measured checkpointed, so estimated from the plain step: {} ({})", fmt::join(f.uncalibrated, ", "),
+                     f.calibration_note);
+}
+
+std::string plan_recommendation_text(const MemoryPlan& p, const std::string& open, const std::string& close) {
+  return fmt::format("{} ({})", p.recommendation.empty() ? "no plan" : open + p.recommendation + close, p.reason);
+}
+
+std::vector<std::string> plan_lines(const MemoryPlan& p, const std::string& run_command) {
+  std::vector<std::string> out;
+  out.push_back("plan: " + plan_header(p));
+  out.push_back(fmt::format("  {:<20} {:>10} {:>12} {:>14} {:>10}", "site", "input", "frees", "adds backward", "adds time"));
+  for (const auto& row : plan_site_rows(p)) {
+    out.push_back(fmt::format("  {:<20} {:>10} {:>12} {:>14} {:>10}", row.site, row.input, row.kept, row.extra, row.recompute));
+  }
+  if (const auto note = plan_profile_note(p); !note.empty()) out.push_back("profile: " + note);
+  out.push_back(fmt::format("solver: {}; {} pairs kept in all, at most {} after one site", p.solver, p.stats.states, p.stats.largest_front));
+  out.push_back(fmt::format("  {:<24} {:>5} {:>12} {:>12} {:>7} {:>10} {:<20} {:<6}  {}", "plan", "ckpt", "predicted", "measured",
+                            "error", "time pred", "time x none [95%]", "checks", "outcome"));
+  for (const auto& row : plan_rows(p)) {
+    out.push_back(fmt::format("  {:<24} {:>5} {:>12} {:>12} {:>7} {:>10} {:<20} {:<6}  {}", row.policy, row.units, row.predicted_peak,
+                              row.measured_peak, row.peak_error, row.predicted_time, row.measured_time, row.checks, row.outcome));
+  }
+  out.push_back("recommendation: " + plan_recommendation_text(p, "", ""));
+  if (!run_command.empty()) out.push_back("run it: " + run_command);
+  for (const auto& w : p.measured.warnings) out.push_back("warning: " + w);
+  return out;
+}
+
 }  // namespace ckcheck

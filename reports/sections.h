@@ -29,4 +29,26 @@ std::vector<std::string> bench_lines(const BenchResult& r);
 /// Memory against time per policy, as an SVG scatter chart with min..max time bars.
 std::string bench_svg(const BenchResult& r);
 
+/// One row of the plan report's table of plans: what was predicted, what was measured.
+struct PlanRow {
+  std::string policy, units, predicted_peak, measured_peak, peak_error, predicted_time, measured_time, checks, outcome;
+};
+std::vector<PlanRow> plan_rows(const MemoryPlan& p);
+/// One row per candidate site of the profile: input, activations a checkpoint frees, what it adds in
+/// the backward, the time it adds.
+struct SiteRow {
+  std::string site, input, kept, extra, recompute;
+};
+std::vector<SiteRow> plan_site_rows(const MemoryPlan& p);
+/// Budget, baseline, the plain step's peak and the profile, in one sentence.
+std::string plan_header(const MemoryPlan& p);
+/// "POLICY (why)", the plan between `open` and `close`; "no plan (why)" without one.
+std::string plan_recommendation_text(const MemoryPlan& p, const std::string& open, const std::string& close);
+/// What the profile could not measure, in a sentence ("" when it measured everything).
+std::string plan_profile_note(const MemoryPlan& p);
+/// The plan section of the console report.
+std::vector<std::string> plan_lines(const MemoryPlan& p, const std::string& run_command);
+/// The measured row of a plan's policy, if it was measured.
+const PolicyBench* measured_plan(const MemoryPlan& p, const std::string& policy);
+
 }  // namespace ckcheck

@@ -30,7 +30,9 @@ def convert(line):
     line = re.sub(r'("seconds": )[^,\n]+', r'\1{{num}}', line)
     line = re.sub(r'^(cost: ).*$', r'\1{{any}}', line)  # the console's cost line: CPU times
     line = re.sub(r'(time=")[^"]*(")', r'\1{{num}}\2', line)
-    return FLOAT.sub('{{num}}', line)
+    line = FLOAT.sub('{{num}}', line)
+    # A duration's unit follows its size (845 us, 1.2 ms).
+    return re.sub(r'(\{\{num\}\}|\b\d) (ns|us|ms|s)\b', r'{{num}} {{unit}}', line)
 
 def convert_json_context(lines):
     """Inside a JSON "context" array (the op rows), every value matches anything."""

@@ -744,11 +744,15 @@ int64_t baseline_bytes(const NamedTensors& params, const std::vector<Tensor>& xs
 }  // namespace
 
 Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
+  PlanSiteRunner sites(plan, checkpoint_options(config_), model_, config_.checkpoint.restore_buffers, nullptr);
+  return measure_with(sites, warmup, steps, nullptr);
+}
+
+Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t steps, StepWatch* watch) {
   set_phase("measuring memory and time");
   Measurement m;
   auto& meter = MemoryMeter::of(config_.device);
   const auto autocast = autocast_for(config_.amp, config_.device);
-  PlanSiteRunner sites(plan, checkpoint_options(config_), model_, config_.checkpoint.restore_buffers, nullptr);
   try {
     model_.restore(start_);
     seed_all(config_.seed);
@@ -761,6 +765,7 @@ Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
       zero_gradients(params, xs, /*allocate=*/false);
       meter.reset_peak();
       const int64_t before = meter.current_bytes();
+      if (watch) watch->step_begins(i >= warmup, before);
       const double cpu0 = process_cpu_seconds();
       const auto instructions0 = instruction_counter().read();
       std::vector<Tensor> outs;
@@ -780,12 +785,14 @@ Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
       roots.clear();
       const double cpu = process_cpu_seconds() - cpu0;
       const auto instructions1 = instruction_counter().read();
+      // A watch that resets the meter's peak keeps the step's peak itself.
+      const int64_t peak = watch ? watch->step_ends() : meter.peak_bytes() - before;
       if (i < warmup) continue;
       m.cpu_seconds.push_back(cpu);
       if (instructions0 && instructions1) m.instructions.push_back(*instructions1 - *instructions0);
       m.step_seconds.push_back(forward + backward);
       m.forward_seconds.push_back(forward);
-      m.peak_bytes = std::max(m.peak_bytes, meter.peak_bytes() - before);
+      m.peak_bytes = std::max(m.peak_bytes, peak);
     }
   } catch (const c10::OutOfMemoryError& e) {
     m.fits = false;

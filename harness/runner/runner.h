@@ -232,6 +232,17 @@ struct StepOptions {
   bool data_parallel = true;  // use RunConfig::data_parallel when there is one
 };
 
+/// What watches the steps Runner::measure_with runs (a memory profiler): told where each step
+/// begins and ends.
+class StepWatch {
+ public:
+  virtual ~StepWatch() = default;
+  /// A step begins with `bytes` allocated; `measured`: it is one of the measured steps, not warm-up.
+  virtual void step_begins(bool measured, int64_t bytes) {}
+  /// The step's forward and backward are done: the most bytes above its start it allocated.
+  virtual int64_t step_ends() = 0;
+};
+
 class Runner {
  public:
   /// The model's current state is the start of every run; the Runner puts it back when it ends.
@@ -256,6 +267,8 @@ class Runner {
   /// measuring peak memory above the baseline and time; nothing is recorded, so nothing but the
   /// step itself allocates. Out of memory on a GPU is a result (fits = false), not an error.
   Measurement measure(const Plan* plan, int64_t warmup, int64_t steps);
+  /// measure() through any site runner (a profiler's), with a watch told where each step begins and ends.
+  Measurement measure_with(SiteRunner& sites, int64_t warmup, int64_t steps, StepWatch* watch);
 
   const RunConfig& config() const { return config_; }
   Model& model() { return model_; }

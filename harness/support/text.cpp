@@ -108,4 +108,18 @@ std::string FieldError::render(const std::function<std::string(const std::string
   return render_fields(text_, name_of);
 }
 
+bool names_site(const std::string& text, const std::string& site) {
+  if (site.empty()) return false;
+  auto part = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; };
+  for (size_t at = text.find(site); at != std::string::npos; at = text.find(site, at + 1)) {
+    const size_t end = at + site.size();
+    const bool before = at == 0 || !part(text[at - 1]);
+    // A full stop ending a sentence is not a path's next part.
+    const bool after = end == text.size() || !part(text[end]) ||
+                       (text[end] == '.' && (end + 1 == text.size() || !part(text[end + 1])));
+    if (before && after) return true;
+  }
+  return false;
+}
+
 }  // namespace ckcheck

@@ -20,4 +20,8 @@ int64_t parse_bytes(const std::string& text);
 /// 1536 -> "1.5 KiB".
 std::string format_bytes(double bytes);
 
+/// Whether `text` names the module path `site` as a whole: "threw at blocks.1: ..." names blocks.1,
+/// not blocks.10 nor blocks.1.attn.
+bool names_site(const std::string& text, const std::string& site);
+
 }  // namespace ckcheck

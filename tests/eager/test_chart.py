@@ -107,3 +107,26 @@ def test_the_measurement_sees_overlapping_labels_and_unround_ticks(tmp_path):
     g = geometry(page, tmp_path)
     assert overlapping(g["labels"]) == [("every:2", "segments:sqrt")]
     assert not round_ticks(g["xticks"])
+
+
+def test_the_plan_chart_as_a_browser_lays_it_out(ckcheck, tmp_path):
+    # none, a plan that fails its checks (crossed out) and the plan recommended, with the budget line.
+    html = tmp_path / "plan.html"
+    r = ckcheck("plan", "--model", "faulty/inplace-input", "--layers", "4", "--hidden", "64", "--batch", "64",
+                "--fault-site", "0", "--memory-budget", "850KiB", "--steps", "3", "--warmup", "1", "--time-budget", "3",
+                "--report", f"html={html}", "--report", f"json={tmp_path / 'plan.json'}")
+    assert r.code == 0, r.out + r.err
+    plan = json.loads((tmp_path / "plan.json").read_text())["plan"]
+    assert len(plan["attempts"]) == 2, plan["attempts"]
+    g = geometry(html, tmp_path)
+    plot = g["plot"]
+    assert not overlapping(g["labels"]), overlapping(g["labels"])
+    for label in g["labels"]:
+        x0, y0, x1, y1 = label["box"]
+        assert plot[0] <= x0 and x1 <= plot[2] and plot[1] <= y0 and y1 <= plot[3], label
+    # A plan whose checkpointed step throws is not measured: no point for it.
+    measured = [p for p in plan["measured"]["policies"] if p["peak_bytes"] is not None]
+    assert len(g["points"]) == len(measured) >= 2
+    named = " ".join(label["text"] for label in g["labels"])
+    assert "memory budget" in named and plan["recommendation"] in named, named
+    assert round_ticks(g["xticks"]) and round_ticks(g["yticks"]), (g["xticks"], g["yticks"])

@@ -89,6 +89,9 @@ struct BenchResult {
   std::string clock;         // which clock each time figure uses
   bool too_noisy = false;    // time could not be trusted: only the memory verdict stands
   std::string check_command;  // BenchOptions::check_command
+  /// --offload: where every checkpointing policy's saved activations go ("" when not offloaded),
+  /// and what the peaks mean then on this device.
+  std::string offload, offload_note;
   std::string recommendation;
   std::string reason;
   std::vector<std::string> warnings;

@@ -22,7 +22,8 @@ const OptionTable<BenchCliOptions>& bench_option_table() {
     t.push_back(Row("--policies",
                     "policies to measure, comma-separated (default: none, every:1, every:2, every:4, segments:sqrt, "
                     "sites:*.attn, sites:*.ffn -- those that apply to the model; with --compile also the compiler's "
-                    "memory budgets budget:0, budget:0.25, budget:0.5 and budget:1)",
+                    "memory budgets budget:0, budget:0.25, budget:0.5 and budget:1); for a Python model also op-level "
+                    "policies sac:OP[+OP] (those ops saved, every other op recomputed)",
                     &BenchCliOptions::policies)
                     .check(non_empty("a policy, as every:2"))
                     .config("policies"));
@@ -82,7 +83,7 @@ void setup_bench(CLI::App& app, int& exit_code) {
       "order listed): a tie is decided by the plan, never by the clock.\n"
       "Example: ckcheck bench --model transformer --layers 8 --hidden 256 --seq 128 --policies "
       "none,every:1,every:2,every:4 --report html=bench.html");
-  add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false);
+  add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false, /*with_offload=*/true);
   add_options(*sub, *o, bench_option_table());
   add_report_option(*sub, o->reports, " (html with a memory-time chart)");
   sub->callback([o, &exit_code] { exit_code = run_bench_command(*o); });
@@ -116,7 +117,17 @@ int run_bench_command(const BenchCliOptions& o) {
   RunConfig config = run_config(o.model);
   fit_to_checkpoint(config, checkpoint);
   Runner runner(*model, config);
-  const auto result = run_bench(runner, split_list(o.model.sites), options);
+  auto result = run_bench(runner, split_list(o.model.sites), options);
+  if (o.model.offload != "off") {
+    result.offload = o.model.offload;
+    result.offload_note =
+        config.device.is_cuda()
+            ? "every policy that checkpoints runs with its saved activations offloaded to pinned host memory (none "
+              "runs plain): the peaks are device memory, without those copies"
+            : "every policy that checkpoints runs with its saved activations offloaded (none runs plain); on the CPU "
+              "the copies are taken from the same memory the peaks count, so a peak shows what offloading costs here, "
+              "not what it frees -- on a GPU the peak is device memory and the copies live in host memory";
+  }
 
   Report report;
   report.command = "bench";

@@ -193,19 +193,19 @@ const OptionTable<ModelArgs>& model_option_table() {
 namespace {
 
 // The rows a command takes: all, less --policy and the compiler's --memory-budget for commands that
-// take several policies (bench: its --memory-budget is a size, and budgets are policies there), and
-// less --steps for those that count their own.
-std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps) {
-  return [with_policy, with_steps](const OptionRow<ModelArgs>& row) {
-    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget" && row.flag() != "--offload")) &&
-           (with_steps || row.flag() != "--steps");
+// take several policies (bench: its --memory-budget is a size, and budgets are policies there), less
+// --offload where the command does not take it, and less --steps for those that count their own.
+std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps, bool with_offload) {
+  return [with_policy, with_steps, with_offload](const OptionRow<ModelArgs>& row) {
+    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget")) &&
+           (with_offload || row.flag() != "--offload") && (with_steps || row.flag() != "--steps");
   };
 }
 
 }  // namespace
 
-void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps) {
-  for (const auto& [row, opt] : add_options(app, args, model_option_table(), model_rows(with_policy, with_steps))) {
+void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps, bool with_offload) {
+  for (const auto& [row, opt] : add_options(app, args, model_option_table(), model_rows(with_policy, with_steps, with_policy || with_offload))) {
     if (row->group_name() != kFileInputs) continue;
     // A file model's input options, noted when given: a built-in model refuses them.
     opt->each([&args, flag = row->flag()](const std::string&) { args.torchscript_flags.push_back(flag); });
@@ -379,7 +379,7 @@ std::string model_command_line(const ModelArgs& args, bool with_policy) {
   const auto& table = model_option_table();
   std::string s = table.front().reproduce(args).substr(1);
   for (const auto& [k, v] : args.given_options()) s += fmt::format(" --{} {}", k, shell_quote(v));
-  const auto keep = model_rows(with_policy, true);
+  const auto keep = model_rows(with_policy, true, /*with_offload=*/true);  // printed where given
   for (size_t i = 1; i < table.size(); ++i) {
     if (keep(table[i])) s += table[i].reproduce(args);
   }

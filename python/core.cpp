@@ -123,6 +123,7 @@ class PythonModel : public Model {
     name_ = adapter_.attr("name").cast<std::string>();
     sites_ = adapter_.attr("sites").cast<std::vector<std::string>>();
     default_sites_ = adapter_.attr("default_sites").cast<std::vector<std::string>>();
+    compiled_ = adapter_.attr("compiled").cast<bool>();
   }
   ~PythonModel() override {
     IntoPython gil;
@@ -168,7 +169,7 @@ class PythonModel : public Model {
     });
     const auto budget = runner.compiler_budget();
     return call<std::vector<Tensor>>("forward", inputs, call_site, runner.checkpointing(), runner.checkpointed_sites(),
-                                     budget ? py::cast(*budget) : py::none());
+                                     budget ? py::cast(*budget) : py::none(), runner.sac_save());
   }
 
   std::optional<CompiledSteps> compiled_steps() const override {
@@ -290,6 +291,12 @@ class PythonModel : public Model {
     return adapter_.attr("options")().cast<std::map<std::string, std::string>>();
   }
 
+  std::string selective_problem(const std::vector<std::string>& ops) const override {
+    if ((checkpoint_ != "torch" && checkpoint_ != "torch-sac") || compiled_) return Model::selective_problem(ops);
+    IntoPython gil;
+    return adapter_.attr("selective_problem")(ops).cast<std::string>();
+  }
+
   std::vector<Tensor> checkpoint_unit(const SiteFn& fn, const std::vector<Tensor>& inputs,
                                       const CheckpointOptions& o) override {
     if (checkpoint_ == "ckcheck") return ckcheck::checkpoint(fn, inputs, o);
@@ -367,6 +374,7 @@ class PythonModel : public Model {
 
   py::object adapter_;
   std::string checkpoint_;
+  bool compiled_ = false;
   std::string name_;
   std::vector<std::string> sites_, default_sites_;
   std::map<std::string, std::string> kinds_;

@@ -188,6 +188,10 @@ nlohmann::json bench_json(const BenchResult& r) {
   j["recommendation"] = r.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.recommendation);
   j["recommendation_reason"] = r.reason;
   j["warnings"] = r.warnings;
+  if (!r.offload.empty()) {
+    j["offload"] = r.offload;
+    j["offload_note"] = r.offload_note;
+  }
   return j;
 }
 

@@ -56,6 +56,7 @@ class MarkdownReporter : public Reporter {
  private:
   static void bench(const BenchResult& b, std::ostream& out) {
     out << "### Memory and time per policy\n\n" << bench_header(b) << ".\n\n";
+    if (!b.offload.empty()) out << "Offload " << md_escape(b.offload) << ": " << md_escape(b.offload_note) << ".\n\n";
     out << "| policy | checkpointed | peak above baseline | x none | analytic | step time median [min..max] | x none | checks | note |\n";
     out << "|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& row : bench_rows(b)) {

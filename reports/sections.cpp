@@ -336,6 +336,7 @@ std::string recommendation_text(const BenchResult& r, const std::string& open, c
 std::vector<std::string> bench_lines(const BenchResult& r) {
   std::vector<std::string> out;
   out.push_back("bench: " + bench_header(r));
+  if (!r.offload.empty()) out.push_back(fmt::format("offload {}: {}", r.offload, r.offload_note));
   out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:<18} {:<6}  {}", "policy", "ckpt", "peak",
                             "x none", "analytic", "step time median [min..max]", "x none [95%]", "checks", ""));
   for (const auto& row : bench_rows(r)) {

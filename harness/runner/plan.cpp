@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -13,7 +14,8 @@ namespace ckcheck {
 
 namespace {
 
-const char* kPolicyForms = "none, every:K, segments[:N], sites:GLOB[,GLOB] or (with --compile) budget:F";
+const char* kPolicyForms =
+    "none, every:K, segments[:N], sites:GLOB[,GLOB], (with --compile) budget:F or (Python models) sac:OP[+OP]";
 
 int64_t parse_positive(const std::string& text, const std::string& whole) {
   const auto v = parse_int(text);
@@ -136,6 +138,19 @@ Policy Policy::parse(const std::string& text) {
       }
       p.globs.push_back(g);
     }
+  } else if (head == "sac" && colon != std::string::npos) {
+    p.kind = Kind::kSac;
+    // '+' between ops keeps a sac: policy one item of a comma-separated --policies list.
+    std::string ops = arg;
+    std::replace(ops.begin(), ops.end(), ',', '+');
+    for (const auto& op : split(ops, '+')) {
+      if (op.empty() || op.find('.') == std::string::npos) {
+        throw UsageError(fmt::format("policy '{}': '{}' is not an op; write sac:NAMESPACE.OP[+NAMESPACE.OP], as in "
+                                     "sac:aten.mm+aten.bmm (the ops saved; every other op is recomputed)",
+                                     text, op));
+      }
+      p.ops.push_back(op);
+    }
   } else if (head == "budget" && colon != std::string::npos) {
     p.kind = Kind::kBudget;
     const auto v = parse_double(arg);
@@ -161,8 +176,14 @@ std::string Policy::text() const {
       return "sites:" + fmt::format("{}", fmt::join(globs, ","));
     case Kind::kBudget:
       return fmt::format("budget:{:g}", budget);
+    case Kind::kSac:
+      return "sac:" + fmt::format("{}", fmt::join(ops, "+"));
   }
   return "";
+}
+
+std::string Plan::sac_save() const {
+  return policy.kind == Policy::Kind::kSac ? fmt::format("{}", fmt::join(policy.ops, ",")) : std::string();
 }
 
 namespace {
@@ -276,6 +297,14 @@ Plan Plan::make(const Model& model, const std::vector<std::string>& site_globs,
         throw FieldError("policy", fmt::format("policy {} is the compiler's activation memory budget: it applies to a "
                                                "model trained compiled (@compile, Python models)",
                                                policy.text()));
+      }
+      for (const auto& c : plan.candidates) plan.units.push_back({c});
+      break;
+    case Policy::Kind::kSac:
+      if (const auto problem = model.selective_problem(policy.ops); !problem.empty()) {
+        throw FieldError("policy", fmt::format("policy {} is op-level selective checkpointing (torch.utils.checkpoint's "
+                                               "context_fn): {}",
+                                               policy.text(), problem));
       }
       for (const auto& c : plan.candidates) plan.units.push_back({c});
       break;

@@ -18,12 +18,15 @@ namespace ckcheck {
 ///   sites:GLOB[,GLOB]  the candidate sites, and sites nested in them, that match a glob
 ///   budget:F      (a compiled model, --compile) no module checkpoints: the compiler's activation
 ///                 memory budget F (0 to 1) decides what its backward recomputes
+///   sac:OP[+OP]   (a Python model under torch.utils.checkpoint) every candidate checkpointed with
+///                 an op-level selective policy: the ops named are saved, every other op recomputed
 struct Policy {
-  enum class Kind { kNone, kEvery, kSegments, kSites, kBudget };
+  enum class Kind { kNone, kEvery, kSegments, kSites, kBudget, kSac };
   Kind kind = Kind::kEvery;
   int64_t k = 1;  // every:K, or segments:N (0: the square root of the number of candidates)
   std::vector<std::string> globs;
   double budget = 1.0;  // budget:F
+  std::vector<std::string> ops;  // sac:OPS, as aten.mm or aten.mm.default
 
   /// Parses a policy; throws UsageError naming the valid forms.
   static Policy parse(const std::string& text);
@@ -46,6 +49,9 @@ struct Plan {
   std::optional<double> compiler_budget() const {
     return policy.kind == Policy::Kind::kBudget ? std::optional<double>(policy.budget) : std::nullopt;
   }
+
+  /// Under sac:OPS, the ops saved, comma-separated (as --sac-save takes them); "" otherwise.
+  std::string sac_save() const;
 
   /// Builds the plan for a model; throws UsageError when a glob matches no site or the policy
   /// does not fit the model.

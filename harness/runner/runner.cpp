@@ -352,6 +352,8 @@ class PlanSiteRunner : public UnitSiteRunner {
 
   std::optional<double> compiler_budget() const override { return plan_ ? plan_->compiler_budget() : std::nullopt; }
 
+  std::string sac_save() const override { return plan_ ? plan_->sac_save() : std::string(); }
+
   std::vector<std::string> checkpointed_sites() const override {
     std::vector<std::string> out;
     if (!plan_) return out;
@@ -881,7 +883,9 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
     bool no_grad = true;
     for (const auto& c : r.checkpointed.calls) no_grad = no_grad && c.forward_no_grad;
     // A step that stopped leaves its calls unfinished: then every unit is probed.
-    const bool every = config_.probe_every_unit || !r.checkpointed.error.empty();
+    // Under an op-level policy a recompute hands back the forward's own outputs for the ops it
+    // saved: equal outputs do not show that the ops it recomputed reproduced theirs.
+    const bool every = config_.probe_every_unit || plan.policy.kind == Policy::Kind::kSac || !r.checkpointed.error.empty();
     std::vector<std::string> reproduced;
     const auto only = units_to_probe(plan, r.checkpointed, reproduced);
     if (!every) r.reproduced_units = reproduced;

@@ -496,6 +496,9 @@ class ModelAdapter:
         finally:
             self.restore(start)
         self._compiler = None
+        self.compiled = compile_opts is not None  # trained through torch.compile (--compile)
+        self._step_context_fn = None  # a sac:OPS policy's contexts, for the step under way
+        self._policy_contexts = {}  # sac:OPS -> its context_fn, made once
         if compile_opts is not None:
             self._compile(compile_opts)
         if self._offload is not None:
@@ -839,10 +842,19 @@ class ModelAdapter:
                 out = tc.checkpoint(functools.partial(structured, **k), *a, use_reentrant=True,
                                     preserve_rng_state=preserve_rng_state)
             else:
-                extra = {"context_fn": self._context_fn} if self._context_fn is not None else {}
+                context_fn = self._step_context_fn or self._context_fn
+                extra = {"context_fn": context_fn} if context_fn is not None else {}
                 out = tc.checkpoint(structured, *a, use_reentrant=False, preserve_rng_state=preserve_rng_state,
                                     **extra, **k)
         return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def selective_problem(self, ops):
+        """Why the ops of a sac:OPS policy cannot be saved ("" when they can)."""
+        try:
+            selective_context("torch-sac", ",".join(ops), None)
+        except UsageError as e:
+            return str(e)
+        return ""
 
     def site_problem(self, site):
         if self.checkpoint == "model" and site not in self.default_sites:
@@ -869,8 +881,12 @@ class ModelAdapter:
         _float_tensors(out, ts, set())
         return ts
 
-    def forward(self, tensors, call_site, checkpointing, sites=(), budget=None):
+    def forward(self, tensors, call_site, checkpointing, sites=(), budget=None, sac=""):
         a, k = self.arguments(tensors)
+        # A sac:OPS policy (bench, plan): its op-level contexts in place of the checkpoint's own.
+        if sac and sac not in self._policy_contexts:
+            self._policy_contexts[sac] = selective_context("torch-sac", sac, None)
+        self._step_context_fn = self._policy_contexts.get(sac) if sac else None
         if self._compiler is not None:
             # Compiled: the checkpoints are applied inside the compiled graph, where no call reaches
             # the runner; `sites` says which the runner checkpoints, `budget` a budget:F policy's F.

@@ -105,6 +105,10 @@ def test_the_factorys_own_policy_is_the_one_checked(ckcheck):
     (["--model", "mlp", "--offload", "cpu"], "applies to Python models"),
     (["--model", f"{MODELS}:clean_blocks", "--offload", "gpu"], "--offload"),
     (["--model", f"{MODELS}:clean_blocks", "--checkpoint", "torch-sac", "--sac-save", "aten.mm", "--compile"], "torch-sac"),
+    (["--model", "mlp", "--policy", "sac:aten.mm"], "applies to a Python model"),
+    (["--model", f"{MODELS}:clean_blocks", "--checkpoint", "torch-reentrant", "--policy", "sac:aten.mm"], "torch or torch-sac"),
+    (["--model", f"{MODELS}:clean_blocks", "--policy", "sac:mm"], "not an op"),
+    (["--model", f"{MODELS}:clean_blocks", "--policy", "sac:aten.nosuchop"], "no op aten.nosuchop"),
 ])
 def test_usage_errors_say_what_to_do(ckcheck, args, words):
     r = ckcheck("run", *args)
@@ -113,7 +117,48 @@ def test_usage_errors_say_what_to_do(ckcheck, args, words):
     assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
 
 
+# ---- sac:OPS as a policy of its own ----------------------------------------------------------------
+def test_sac_policies_beside_module_policies_in_one_bench(ckcheck):
+    # The op policy that recomputes the random op fails its checks and is never ranked; the one that
+    # saves it passes. Both are measured in the same interleaved rounds as none and every:1.
+    r = ckcheck("bench", "--model", f"{MODELS}:noise_blocks", "--policies", "none,every:1,sac:aten.mm,sac:aten.mm+aten.rand",
+                "--steps", "3", "--warmup", "1", "--time-budget", "0")
+    assert r.code == 0, r.out + r.err
+    rows = {p["policy"]: p for p in r.report["policies"]}
+    assert set(rows) == {"none", "every:1", "sac:aten.mm", "sac:aten.mm+aten.rand"}
+    assert rows["sac:aten.mm"]["checks"] == "fail" and not rows["sac:aten.mm"]["ranked"], rows["sac:aten.mm"]
+    assert any("rng" in f for f in rows["sac:aten.mm"]["check_failures"]), rows["sac:aten.mm"]
+    assert rows["sac:aten.mm+aten.rand"]["checks"] == "pass", rows["sac:aten.mm+aten.rand"]
+    assert r.report["recommendation"] != "sac:aten.mm"
+
+
+def test_run_takes_a_sac_policy_as_bench_prints_it(ckcheck):
+    clean = ckcheck("run", "--model", f"{TWINS}:transformer", "--policy", "sac:aten.mm")
+    assert clean.code == 0, clean.out + clean.err
+    noisy = ckcheck("run", "--model", f"{MODELS}:noise_blocks", "--policy", "sac:aten.mm")
+    assert noisy.code == 1 and noisy.statuses()["rng"] == "fail", noisy.out + noisy.err
+
+
 # ---- activation offloading -----------------------------------------------------------------------
+def test_bench_measures_offloaded_policies_and_says_what_the_figure_means(ckcheck):
+    r = ckcheck("bench", "--model", f"{TWINS}:mlp", "--offload", "cpu", "--policies", "none,every:1", "--steps", "3",
+                "--warmup", "1", "--time-budget", "0")
+    assert r.code == 0, r.out + r.err
+    assert r.report["offload"] == "cpu" and "on the CPU" in r.report["offload_note"], r.report.get("offload_note")
+    assert {p["policy"]: p["checks"] for p in r.report["policies"]}["every:1"] == "pass"
+    # An offload that reuses its buffers changes the gradients: the policy is measured, never ranked.
+    bad = ckcheck("bench", "--model", f"{MODELS}:offload_reuses_buffers", "--offload", "cpu", "--policies", "none,every:1",
+                  "--steps", "3", "--warmup", "1", "--time-budget", "0")
+    assert bad.code == 0, bad.out + bad.err
+    row = {p["policy"]: p for p in bad.report["policies"]}["every:1"]
+    assert row["checks"] == "fail" and not row["ranked"], row
+    # Without --offload nothing says offload.
+    plain = ckcheck("bench", "--model", f"{TWINS}:mlp", "--policies", "none,every:1", "--steps", "2", "--warmup", "1",
+                    "--time-budget", "0")
+    assert "offload" not in plain.report
+
+
+
 def test_offloading_a_clean_model_passes(ckcheck):
     r = ckcheck("run", "--model", f"{TWINS}:mlp", "--offload", "cpu")
     assert r.code == 0, r.out + r.err

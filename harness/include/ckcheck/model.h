@@ -49,6 +49,9 @@ class SiteRunner {
   /// Under a budget:F policy, F: the compiler's activation memory budget decides what a compiled
   /// model's backward recomputes, and no module is checkpointed. nullopt otherwise.
   virtual std::optional<double> compiler_budget() const { return std::nullopt; }
+  /// Under a sac:OPS policy, the ops every checkpointed unit saves (comma-separated, as --sac-save
+  /// takes them; every other op is recomputed); "" otherwise.
+  virtual std::string sac_save() const { return ""; }
 };
 
 /// Calls every site plainly: the reference run.
@@ -216,6 +219,13 @@ class Model {
   virtual std::vector<torch::Tensor> checkpoint_unit(const SiteFn& fn, const std::vector<torch::Tensor>& inputs,
                                                      const CheckpointOptions& options) {
     return ckcheck::checkpoint(fn, inputs, options);
+  }
+
+  /// Why checkpoint_unit cannot save the ops `ops` names and recompute the others (a sac:OPS
+  /// policy), "" when it can: torch.utils.checkpoint's non-reentrant checkpoint with a context_fn,
+  /// for Python models trained eagerly.
+  virtual std::string selective_problem(const std::vector<std::string>& ops) const {
+    return "it applies to a Python model checked under @checkpoint torch or torch-sac, trained eagerly";
   }
 
   /// What the compiler did with the steps, when the model trains compiled (--compile); nullopt

@@ -93,6 +93,11 @@ int run_plan_command(const PlanCliOptions& o) {
 
   CheckpointChoice checkpoint;
   auto model = build_model(o.model, 1, &checkpoint);
+  if (checkpoint.name == "model") {
+    throw UsageError("ckcheck plan chooses the sites to checkpoint, but the model's own switch checkpoints all its blocks at "
+                     "once: plan with --checkpoint torch (torch.utils.checkpoint, what such switches call), then apply the "
+                     "plan's sites yourself");
+  }
   RunConfig config = run_config(o.model);
   fit_to_checkpoint(config, checkpoint);
   Runner runner(*model, config);

@@ -102,6 +102,12 @@ class ProfilingSiteRunner : public SiteRunner, public StepWatch {
     return outs;
   }
 
+  // A model that checkpoints itself (its own switch) turns it on when the step checkpoints.
+  bool checkpointing() const override { return checkpoint_ && !checkpointed_.empty(); }
+  std::vector<std::string> checkpointed_sites() const override {
+    return checkpoint_ ? std::vector<std::string>(checkpointed_.begin(), checkpointed_.end()) : std::vector<std::string>();
+  }
+
   void step_begins(bool measured, int64_t bytes) override {
     ++step_;
     measured_ = measured;

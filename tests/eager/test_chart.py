@@ -1,4 +1,4 @@
-"""The bench report's memory-time chart, rendered in a real browser (headless Chromium from Debian's
+"""The bench and plan reports' memory-time chart, rendered in a real browser (headless Chromium from Debian's
 packages): the geometry people see -- labels that never overlap, points spread over the plot,
 round ticks -- measured by the browser's own layout, not by ckcheck's arithmetic.
 """
@@ -130,3 +130,4 @@ def test_the_plan_chart_as_a_browser_lays_it_out(ckcheck, tmp_path):
     named = " ".join(label["text"] for label in g["labels"])
     assert "memory budget" in named and plan["recommendation"] in named, named
     assert round_ticks(g["xticks"]) and round_ticks(g["yticks"]), (g["xticks"], g["yticks"])
+

@@ -192,3 +192,10 @@ def test_without_offload_nothing_is_offloaded(ckcheck):
     r = ckcheck("run", "--model", f"{MODELS}:offload_reuses_buffers")
     assert r.code == 0, r.out + r.err
     assert "offload" not in r.statuses()
+
+
+def test_plan_refuses_a_models_own_switch_in_one_line(ckcheck):
+    # The switch checkpoints every block at once: a plan of some of them cannot be applied through it.
+    r = ckcheck("plan", "--model", f"{fixture('vision.py')}:timm_vit", "--memory-budget", "1GiB")
+    assert r.code == 2, r.out + r.err
+    assert "--checkpoint torch" in r.err and len(r.err.strip().splitlines()) == 1, r.err

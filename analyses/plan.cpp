@@ -290,7 +290,8 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
                                  "the next plan is solved for a budget that much smaller",
                                  format_bytes(static_cast<double>(excess)), format_bytes(static_cast<double>(chosen.predicted_peak_bytes)),
                                  format_bytes(static_cast<double>(it->measurement.peak_bytes)));
-    margin += std::max<int64_t>(excess, 1);
+    // The next plan must be predicted at least that much smaller, and never this one again.
+    margin = std::max(margin + std::max<int64_t>(excess, 1), budget - chosen.predicted_peak_bytes + 1);
     accepted.reset();
   }
   if (accepted) {
@@ -304,6 +305,10 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
                                    "the checks and its measured peak fits",
                                    a.sites.size(), a.sites.size() == 1 ? "" : "s",
                                    format_bytes(static_cast<double>(options.memory_budget_bytes)));
+  } else if (out.reason.empty() && margin > 0) {
+    out.reason = fmt::format("no plan fits in {} when measured: the plans predicted to fit measured over it, and no smaller "
+                             "one is predicted to fit",
+                             format_bytes(static_cast<double>(options.memory_budget_bytes)));
   } else if (out.reason.empty()) {
     std::vector<bool> all(prof.sites.size(), false);
     for (size_t i = 0; i < prof.sites.size(); ++i) all[i] = !excluded.count(i);

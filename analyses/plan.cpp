@@ -148,12 +148,12 @@ std::optional<std::vector<bool>> solve_plan(const StepProfile& p, int64_t budget
   }
   if (stats) *stats = local;
   if (front.empty()) return std::nullopt;
-  // The least time added; of plans equal in time, the lowest predicted peak, then the fewest sites.
+  // The least time added; of plans equal in time, the fewest sites, then the lowest predicted peak.
   const auto best = std::min_element(front.begin(), front.end(), [&](const State& a, const State& b) {
     if (!same_cost(a.cost, b.cost)) return a.cost < b.cost;
-    const auto pa = predict_peak(p, a.taken), pb = predict_peak(p, b.taken);
-    if (pa != pb) return pa < pb;
-    return std::count(a.taken.begin(), a.taken.end(), true) < std::count(b.taken.begin(), b.taken.end(), true);
+    const auto na = std::count(a.taken.begin(), a.taken.end(), true), nb = std::count(b.taken.begin(), b.taken.end(), true);
+    if (na != nb) return na < nb;
+    return predict_peak(p, a.taken) < predict_peak(p, b.taken);
   });
   return best->taken;
 }

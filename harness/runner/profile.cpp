@@ -49,7 +49,7 @@ class ProfilingSiteRunner : public SiteRunner, public StepWatch {
   ProfilingSiteRunner(const std::vector<std::string>& sites, const torch::Device& device, Model* checkpoint,
                       CheckpointOptions options, std::set<std::string> checkpointed = {})
       : meter_(MemoryMeter::of(device)), device_(device), checkpoint_(checkpoint), options_(std::move(options)),
-        checkpointed_(std::move(checkpointed)), seconds_(sites.size()), backward_seconds_(sites.size()) {
+        checkpointed_(std::move(checkpointed)), seconds_(sites.size()) {
     for (size_t i = 0; i < sites.size(); ++i) {
       index_.emplace(sites[i], i);
       costs_.push_back({sites[i]});
@@ -121,11 +121,6 @@ class ProfilingSiteRunner : public SiteRunner, public StepWatch {
 
   int64_t step_ends() override {
     close();
-    if (measured_) {
-      for (const auto& r : regions_) {
-        if (r.recomputes) backward_seconds_[*r.recomputes].push_back(r.seconds);
-      }
-    }
     int64_t peak = 0;
     for (const auto& r : regions_) peak = std::max(peak, r.peak_bytes);
     return peak;
@@ -134,7 +129,6 @@ class ProfilingSiteRunner : public SiteRunner, public StepWatch {
   const std::vector<SiteCost>& costs() const { return costs_; }
   const std::vector<PeakRegion>& regions() const { return regions_; }
   std::vector<double> seconds(size_t i) const { return seconds_[i]; }
-  std::vector<double> backward_seconds(size_t i) const { return backward_seconds_[i]; }
 
  private:
   // Runs a candidate's function; the sites it calls run plainly, unwatched.
@@ -171,7 +165,7 @@ class ProfilingSiteRunner : public SiteRunner, public StepWatch {
   double opened_ = 0.0;
   std::map<std::string, size_t> index_;
   std::vector<SiteCost> costs_;
-  std::vector<std::vector<double>> seconds_, backward_seconds_;
+  std::vector<std::vector<double>> seconds_;
   std::vector<PeakRegion> regions_;
   std::vector<bool> step_seen_, backward_seen_;
   int64_t start_ = 0;
@@ -234,6 +228,9 @@ StepProfile profile_sites(Runner& runner, const std::vector<std::string>& sites,
     s.forward_seconds = median(plain.seconds(i));
     // Estimates, where the checkpoint at the site could not be measured.
     s.recompute_extra_bytes = s.output_bytes;
+    // A recompute runs the site's forward again: its plain forward time, one timing per step (the
+    // difference of the checkpointed and plain stretches is four timings, and noise swamps it on a
+    // loaded machine).
     s.recompute_seconds = s.forward_seconds;
     if (checkpointed.count(s.site)) {
       const auto& k = all->costs()[i];
@@ -242,8 +239,6 @@ StepProfile profile_sites(Runner& runner, const std::vector<std::string>& sites,
       if (plain_backward[i] && checkpointed_backward[i]) {
         s.recompute_extra_bytes = std::max<int64_t>(0, *checkpointed_backward[i] - (*plain_backward[i] - freed_before));
       }
-      s.recompute_seconds = std::max(0.0, median(all->seconds(i)) + median(all->backward_seconds(i)) - median(plain.seconds(i)) -
-                                              median(plain.backward_seconds(i)));
       freed_before += s.kept_bytes;  // in the checkpointed step, the sites after it hold that much less
     }
   }

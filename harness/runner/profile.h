@@ -24,9 +24,9 @@ struct SiteCost {
   double forward_seconds = 0.0;    // its forward (median over the measured steps)
   /// Measured in a step with every candidate checkpointed, against the plain step: what its
   /// backward holds beyond the plain backward's peak there (the recomputed outputs, gradients the
-  /// checkpoint hands back rather than accumulates, ...), and the time the checkpoint adds at the
-  /// site (its forward and backward, recompute included, less the plain ones).
+  /// checkpoint hands back rather than accumulates, ...).
   int64_t recompute_extra_bytes = 0;
+  /// What a checkpoint at the site adds in time: its recompute, the site's forward again.
   double recompute_seconds = 0.0;
 };
 

@@ -142,7 +142,9 @@ TEST_P(PredictionAgainstMeasurement, WithinTenPercentForEveryPlan) {
     const double measured = static_cast<double>(m.peak_bytes);
     EXPECT_NEAR(predicted / measured, 1.0, 0.10) << c.model << " " << policy << ": predicted " << predicted << ", measured " << measured;
     // Checkpointing frees what the profile says a site keeps.
-    if (mask == 0) EXPECT_EQ(m.peak_bytes, profile.peak_bytes);
+    if (mask == 0) {
+      EXPECT_EQ(m.peak_bytes, profile.peak_bytes);
+    }
   }
 }
 

@@ -360,20 +360,26 @@ void verify_policies(Runner& runner, const std::vector<Entry>& entries, const st
     if (options.progress) options.progress(k, todo.size(), "checking " + p.policy);
     const auto outcome = run_checks(runner, plan, options.tolerance, checks);
     p.checks = verdict_name(verdict_of(outcome.results));
-    for (const auto& c : outcome.results) {
-      if (c.status != Status::kFail && c.status != Status::kError) continue;
-      if (c.findings.empty()) {
-        p.check_failures.push_back(fmt::format("{}: {}", c.id, c.summary));
-        continue;
-      }
-      const auto& f = c.findings.front();
-      p.check_failures.push_back(fmt::format("{}: {}{}", c.id, cause_name(f.cause), f.site.empty() ? "" : " at " + f.site));
-    }
+    p.check_failures = check_failures(outcome.results);
   }
   if (options.progress && !todo.empty()) options.progress(todo.size(), todo.size(), "");
 }
 
 }  // namespace
+
+std::vector<std::string> check_failures(const std::vector<CheckResult>& results) {
+  std::vector<std::string> out;
+  for (const auto& c : results) {
+    if (c.status != Status::kFail && c.status != Status::kError) continue;
+    if (c.findings.empty()) {
+      out.push_back(fmt::format("{}: {}", c.id, c.summary));
+      continue;
+    }
+    const auto& f = c.findings.front();
+    out.push_back(fmt::format("{}: {}{}", c.id, cause_name(f.cause), f.site.empty() ? "" : " at " + f.site));
+  }
+  return out;
+}
 
 BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options) {
   auto& model = runner.model();

@@ -97,6 +97,10 @@ struct BenchResult {
   std::vector<std::string> warnings;
 };
 
+/// The checks that did not pass, each as "id: cause at site" (its first finding) or "id: summary"
+/// (a check without findings): what PolicyBench::check_failures holds.
+std::vector<std::string> check_failures(const std::vector<CheckResult>& results);
+
 /// The policies `ckcheck bench` measures when none are given.
 const std::vector<std::string>& default_bench_policies();
 

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <map>
 #include <tuple>
 
@@ -168,6 +167,14 @@ std::string plan_policy(const StepProfile& p, const std::vector<bool>& s) {
   return "sites:" + fmt::format("{}", fmt::join(sites, ","));
 }
 
+const PolicyBench* measured_plan(const MemoryPlan& plan, const std::string& policy) {
+  const auto text = Policy::parse(policy).text();
+  for (const auto& b : plan.measured.policies) {
+    if (b.policy == text && !b.measurement.step_seconds.empty()) return &b;
+  }
+  return nullptr;
+}
+
 MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site_globs, const PlanOptions& options) {
   auto& model = runner.model();
   MemoryPlan out;
@@ -214,19 +221,15 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
         const auto plan = Plan::make(model, site_globs, Policy::parse(a.policy));
         const auto outcome = run_checks(runner, plan, options.bench.tolerance, select_checks({}));
         a.checks = verdict_name(verdict_of(outcome.results));
+        a.check_failures = check_failures(outcome.results);
+        // The sites the failing checks name.
         std::set<std::string> named;
         for (const auto& c : outcome.results) {
           if (c.status != Status::kFail && c.status != Status::kError) continue;
-          if (c.findings.empty()) {
-            a.check_failures.push_back(fmt::format("{}: {}", c.id, c.summary));
-            // A step that threw says where ("the checkpointed step threw at blocks.0: ...").
-            for (const auto& site : a.sites) {
-              if (names_site(c.summary, site)) named.insert(site);
-            }
-            continue;
+          // A step that threw says where ("the checkpointed step threw at blocks.0: ...").
+          for (const auto& site : a.sites) {
+            if (c.findings.empty() && names_site(c.summary, site)) named.insert(site);
           }
-          const auto& f = c.findings.front();
-          a.check_failures.push_back(fmt::format("{}: {}{}", c.id, cause_name(f.cause), f.site.empty() ? "" : " at " + f.site));
           for (const auto& g : c.findings) {
             const auto site = site_of_finding(g.site, a.sites);
             if (!site.empty()) named.insert(site);
@@ -271,10 +274,13 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
     bench.known_checks = known;
     out.measured = run_bench(runner, site_globs, bench);
     auto& chosen = out.attempts[*accepted];
-    const auto it = std::find_if(out.measured.policies.begin(), out.measured.policies.end(),
-                                 [&](const PolicyBench& b) { return b.policy == Policy::parse(chosen.policy).text(); });
-    if (it == out.measured.policies.end() || !it->measured() || it->measurement.step_seconds.empty()) {
-      chosen.outcome = "not recommended: its step could not be measured" + (it == out.measured.policies.end() ? std::string() : ": " + it->note + it->measurement.error);
+    const auto* it = measured_plan(out, chosen.policy);
+    if (!it) {
+      std::string why;
+      for (const auto& b : out.measured.policies) {
+        if (b.policy == Policy::parse(chosen.policy).text()) why = ": " + b.note + b.measurement.error;
+      }
+      chosen.outcome = "not recommended: its step could not be measured" + why;
       accepted.reset();
       break;
     }

@@ -78,6 +78,9 @@ struct MemoryPlan {
   bool fits = false;  // the recommended plan's measured peak is within the budget
 };
 
+/// The row of `policy` in plan.measured, or null when it was not measured (its step threw).
+const PolicyBench* measured_plan(const MemoryPlan& plan, const std::string& policy);
+
 /// Profiles the candidate sites (the outermost sites the --sites globs or the model's defaults
 /// give), then solves, verifies and measures until a plan passes its checks, or no plan is left.
 MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site_globs, const PlanOptions& options);

@@ -237,13 +237,12 @@ nlohmann::json plan_json(const MemoryPlan& p) {
                          {"set_aside", a.set_aside},
                          {"outcome", a.outcome}};
     aj["measured_peak_bytes"] = aj["measured_total_bytes"] = aj["measured_time_ratio"] = aj["peak_error"] = nullptr;
-    for (const auto& b : p.measured.policies) {
-      if (b.policy != Policy::parse(a.policy).text() || b.measurement.step_seconds.empty()) continue;
-      aj["measured_peak_bytes"] = b.measurement.peak_bytes;
-      aj["measured_total_bytes"] = b.measurement.peak_bytes + b.measurement.baseline_bytes;
-      aj["measured_time_ratio"] = b.time_ratio;
-      if (b.measurement.peak_bytes > 0) {
-        aj["peak_error"] = static_cast<double>(a.predicted_peak_bytes - b.measurement.peak_bytes) / static_cast<double>(b.measurement.peak_bytes);
+    if (const auto* b = measured_plan(p, a.policy)) {
+      aj["measured_peak_bytes"] = b->measurement.peak_bytes;
+      aj["measured_total_bytes"] = b->measurement.peak_bytes + b->measurement.baseline_bytes;
+      aj["measured_time_ratio"] = b->time_ratio;
+      if (b->measurement.peak_bytes > 0) {
+        aj["peak_error"] = static_cast<double>(a.predicted_peak_bytes - b->measurement.peak_bytes) / static_cast<double>(b->measurement.peak_bytes);
       }
     }
     j["attempts"].push_back(aj);

@@ -349,14 +349,6 @@ std::vector<std::string> bench_lines(const BenchResult& r) {
   return out;
 }
 
-const PolicyBench* measured_plan(const MemoryPlan& p, const std::string& policy) {
-  const auto text = Policy::parse(policy).text();
-  for (const auto& b : p.measured.policies) {
-    if (b.policy == text && !b.measurement.step_seconds.empty()) return &b;
-  }
-  return nullptr;
-}
-
 std::vector<PlanRow> plan_rows(const MemoryPlan& p) {
   std::vector<PlanRow> rows;
   const double plain = p.profile.step_seconds;

@@ -48,7 +48,5 @@ std::string plan_recommendation_text(const MemoryPlan& p, const std::string& ope
 std::string plan_profile_note(const MemoryPlan& p);
 /// The plan section of the console report.
 std::vector<std::string> plan_lines(const MemoryPlan& p, const std::string& run_command);
-/// The measured row of a plan's policy, if it was measured.
-const PolicyBench* measured_plan(const MemoryPlan& p, const std::string& policy);
 
 }  // namespace ckcheck

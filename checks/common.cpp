@@ -73,16 +73,6 @@ CheckResult reference_failed(const std::string& id, const CheckContext& ctx) {
 
 namespace {
 
-// The site a ckcheck::checkpoint error names ("ckcheck::checkpoint(blocks.1): ..."), or "".
-std::string site_in_error(const std::string& error) {
-  const std::string key = "ckcheck::checkpoint(";
-  const auto at = error.find(key);
-  if (at == std::string::npos) return "";
-  const auto begin = at + key.size();
-  const auto end = error.find(')', begin);
-  return end == std::string::npos ? "" : error.substr(begin, end - begin);
-}
-
 // The part of a CheckpointError's metadata line between two of its keys ('shape' to 'dtype').
 std::string metadata_field(const std::string& error, const std::string& line, const std::string& key,
                            const std::string& next) {
@@ -104,6 +94,8 @@ Cause metadata_cause(const std::string& error) {
   }
   return Cause::kStateful;
 }
+
+}  // namespace
 
 // The site a PyTorch error in the checkpointed step belongs to, from the evidence: the call whose
 // recompute threw or differed; for a checkpoint none of whose inputs requires grad, the first such
@@ -130,9 +122,11 @@ std::string site_of_pytorch_error(const CheckContext& ctx, const Cause& cause) {
   return site;
 }
 
-}  // namespace
-
 std::optional<PytorchErrorMeaning> pytorch_error_meaning(const std::string& error) {
+  static const char* const kReadyTwice =
+      "DistributedDataParallel's reducer: a parameter's gradient hook fired twice in one backward (a reentrant "
+      "checkpoint runs its backward apart; with find_unused_parameters or a module used twice, DDP marks the "
+      "parameter ready twice)";
   struct Row {
     const char* fragment;
     const Cause* cause;  // null: decided by the message (metadata_cause)
@@ -145,6 +139,11 @@ std::optional<PytorchErrorMeaning> pytorch_error_meaning(const std::string& erro
       {"does not require grad and does not have a grad_fn", &Cause::kMissingGrad,
        "no input of a reentrant checkpoint requires grad, so its outputs carry no graph and the parameters inside "
        "get no gradient", false},
+      {"marked as ready twice", &Cause::kHookCount, kReadyTwice, false},
+      {"mark a variable ready only once", &Cause::kHookCount, kReadyTwice, false},
+      {"Expected to have finished reduction", &Cause::kHookCount,
+       "DistributedDataParallel's reducer did not finish the step: some parameters' gradient hooks never fired "
+       "(no gradient reached them through the checkpoint), so DDP waits for them", false},
       {"have different metadata than during the forward pass", nullptr,
        "the recompute saved tensors other than the forward's (PyTorch's CheckpointError)", true},
       {"trying to save more tensors during recomputation than during the original forward", &Cause::kStateful,
@@ -200,7 +199,7 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
   }
   if (!grad_api && explained.empty() && !meaning) {
     // Nothing the checks saw explains it: an error, not a finding with a guessed cause.
-    auto site = site_in_error(error);
+    auto site = text_after(error, "ckcheck::checkpoint(", ")");
     // The message may not name it; the evidence does: the call whose recompute threw.
     for (const auto& c : ctx.records.checkpointed.calls) {
       const bool forward_threw = !c.versions_entry.empty() && c.versions_exit.empty();

@@ -54,6 +54,11 @@ struct PytorchErrorMeaning {
 };
 std::optional<PytorchErrorMeaning> pytorch_error_meaning(const std::string& error);
 
+/// The site PyTorch's error most likely comes from, when its message does not name one: the first
+/// checkpointed call whose recompute failed or differed, else (by cause) one whose inputs need no
+/// grad, the last one the forward ran, or the first not recomputed.
+std::string site_of_pytorch_error(const CheckContext& ctx, const Cause& cause);
+
 /// A failing CheckResult for when the checkpointed step failed and the plain one did not, with
 /// the cause and site the evidence gives (the first explained site), or non-deterministic.
 CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, const std::string& message_prefix,

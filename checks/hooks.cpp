@@ -4,6 +4,7 @@
 // mark a variable ready only once"), and one that loses a gradient never fires it (DDP hangs).
 #include "checks/common.h"
 #include "checks/evidence.h"
+#include "harness/support/text.h"
 
 namespace ckcheck {
 namespace {
@@ -25,8 +26,14 @@ class HooksCheck : public Check {
     CheckResult r;
     r.id = id();
     const auto& ckpt = ctx.records.checkpointed.hooks;
-    if (ckpt.empty()) {
-      return skipped(id(), ctx.records.checkpointed.error.empty()
+    // A data-parallel engine (DDP) that stopped the step: its reducer's own message, naming the
+    // parameter where it does ("... with name NAME ..."). The counts are those of the backwards
+    // that finished.
+    const auto& error = ctx.records.checkpointed.error;
+    const auto meaning = error.empty() ? std::nullopt : pytorch_error_meaning(error);
+    const bool engine_stopped = meaning && meaning->cause == Cause::kHookCount;
+    if (ckpt.empty() && !engine_stopped) {
+      return skipped(id(), error.empty()
                                ? "no gradient hook was counted"
                                : "the checkpointed step failed before its hooks could be counted");
     }
@@ -45,8 +52,17 @@ class HooksCheck : public Check {
                                     "checkpointing ({} plain): DDP would mark it ready twice and stop",
                                     h.name, h.fires, expected)
                       : fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): "
-                                    "DDP would wait for it forever",
-                                    h.name, expected);
+                                    "DDP {} for it",
+                                    h.name, expected, engine_stopped ? "stopped the step waiting" : "would wait forever");
+      add_finding(r, f);
+    }
+    if (r.findings.empty() && engine_stopped) {
+      Finding f;
+      f.cause = Cause::kHookCount;
+      f.tensor = text_after(error, "with name ", " \n,");
+      f.site = f.tensor.empty() ? site_of_pytorch_error(ctx, f.cause) : owning_unit(ctx.plan, f.tensor);
+      f.message = fmt::format("the data-parallel engine stopped the checkpointed step: {}; {}", first_line(error),
+                              meaning->evidence);
       add_finding(r, f);
     }
     if (!r.findings.empty()) {

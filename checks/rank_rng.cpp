@@ -32,16 +32,17 @@ class RankRngCheck : public Check {
         continue;
       }
       if (k.draws && !k.replayed) {
-        add_finding(r, {Cause::kRng, "", fmt::format("rank {}", k.rank),
+        add_finding(r, {Cause::kRng, k.first_draw, fmt::format("rank {}", k.rank),
                         fmt::format("rank {}'s recompute does not replay its own random draws", k.rank), ""});
       }
       auto [it, fresh] = first_rank.emplace(k.rng_start, k.rank);
       if (!fresh && k.draws) {
-        add_finding(r, {Cause::kRng, "", fmt::format("rank {}", k.rank),
-                        fmt::format("ranks {} and {} start from the same RNG state, so they draw the same "
-                                    "dropout masks",
+        add_finding(r, {Cause::kRng, k.first_draw, fmt::format("rank {}", k.rank),
+                        fmt::format("ranks {} and {} draw their first random numbers from the same RNG state, "
+                                    "so they draw the same dropout masks",
                                     it->second, k.rank),
-                        "seed each rank differently (seed + rank), as data-parallel training does"});
+                        "seed each rank differently (seed + rank) and do not reseed inside the model, as "
+                        "data-parallel training does"});
       }
     }
     if (!r.findings.empty()) {

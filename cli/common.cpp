@@ -65,6 +65,7 @@ void add_builtin_model_options(CLI::App& app, ModelArgs& args) {
 const char* const kFileInputs = "File model inputs";
 const char* const kCompiled = "Compiled training (Python models)";
 const char* const kPolicies = "Op-level checkpointing and offloading (Python models)";
+const char* const kParallel = "Data-parallel training (Python models)";
 
 // How a file model's inputs are made, and its training flags.
 OptionTable<ModelArgs> file_input_rows() {
@@ -158,6 +159,15 @@ const OptionTable<ModelArgs>& model_option_table() {
                     .check(CLI::IsMember({"off", "cpu"}))
                     .group(kPolicies)
                     .config("offload"));
+    t.push_back(OptionRow<ModelArgs>("--parallel",
+                                     "off, or ddp: with --world-size N (or under torchrun), train the Python model "
+                                     "data-parallel in PyTorch's DistributedDataParallel (its options from the "
+                                     "factory's 'ddp' dict), Gloo over loopback on the CPU; compared with one process "
+                                     "on the whole batch and with the plain step under DDP",
+                                     &ModelArgs::parallel)
+                    .check(CLI::IsMember({"off", "ddp"}))
+                    .group(kParallel)
+                    .config("parallel"));
     t.push_back(OptionRow<ModelArgs>("--input-requires-grad",
                                      "make every floating-point input require grad and compare input gradients "
                                      "(default: inputs as the model gives them -- a training batch does not require "
@@ -197,7 +207,7 @@ namespace {
 // --offload where the command does not take it, and less --steps for those that count their own.
 std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps, bool with_offload) {
   return [with_policy, with_steps, with_offload](const OptionRow<ModelArgs>& row) {
-    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget")) &&
+    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget" && row.flag() != "--parallel")) &&
            (with_offload || row.flag() != "--offload") && (with_steps || row.flag() != "--steps");
   };
 }
@@ -289,7 +299,14 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, Checkp
       throw UsageError(fmt::format("--model {} is a Python model; run it as `python -m ckcheck` with the "
                                    "ckcheck Python package installed", args.model));
     }
-    if (world_size > 1) throw UsageError("--world-size applies to built-in and TorchScript models, not to Python models");
+    if (world_size > 1 && args.parallel == "off") {
+      throw UsageError("a Python model trains data-parallel in PyTorch's own engine: add --parallel ddp to --world-size");
+    }
+    if (args.parallel != "off" && world_size <= 1 && !std::getenv("WORLD_SIZE")) {
+      throw UsageError(fmt::format("--parallel {} trains on several ranks: add --world-size N (2 or more), or start "
+                                   "ckcheck under torchrun",
+                                   args.parallel));
+    }
     if (!args.sac_save.empty() && args.checkpoint != "torch-sac") {
       throw UsageError("--sac-save is the op policy of selective checkpointing; add --checkpoint torch-sac");
     }
@@ -300,7 +317,8 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, Checkp
     return python_loader()(args, choice);
   }
   for (const auto& [given_flag, python_only] : {std::pair<const char*, bool>{"--sac-save", !args.sac_save.empty()},
-                                                {"--offload", args.offload != "off"}}) {
+                                                {"--offload", args.offload != "off"},
+                                                {"--parallel", args.parallel != "off"}}) {
     if (python_only) {
       throw UsageError(fmt::format("{} applies to Python models (--model FILE.py:make_model); {} is not one", given_flag,
                                    args.model));

@@ -32,6 +32,10 @@ int run_diagnose(const RunOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   const auto tolerance = Tolerance::parse(o.tolerance);
+  if (o.model.parallel != "off") {
+    throw UsageError("diagnose runs in one process; drop --parallel (`ckcheck run --parallel ddp --world-size N` "
+                     "checks data-parallel training)");
+  }
   CheckpointChoice checkpoint;
   auto model = build_model(o.model, 1, &checkpoint);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));

@@ -77,6 +77,15 @@ bool talks_of_peer(const std::string& message) {
 }  // namespace
 
 void set_command_line(const std::vector<std::string>& args) { args_store() = args; }
+
+namespace {
+std::vector<std::string>& rank_program_storage() {
+  static std::vector<std::string> program;
+  return program;
+}
+}  // namespace
+
+void set_rank_program(const std::vector<std::string>& program) { rank_program_storage() = program; }
 const std::vector<std::string>& command_line() { return args_store(); }
 
 std::optional<RankEnvironment> rank_environment() {
@@ -99,6 +108,8 @@ std::optional<RankEnvironment> rank_environment() {
       throw UsageError(fmt::format("MASTER_PORT={} is not a TCP port (1 to 65535)", std::getenv("MASTER_PORT")));
     }
     if (*addr == '\0') throw UsageError("MASTER_ADDR is empty: set it to the address of rank 0's machine");
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    e.agent_store = agent && std::string(agent) == "True";
   }
   return e;
 }
@@ -167,8 +178,9 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 namespace {
 
-// This program's own path: the ranks are this program again.
-std::string own_path() {
+// The program the ranks run: the one set, else this program again.
+std::vector<std::string> rank_program() {
+  if (!rank_program_storage().empty()) return rank_program_storage();
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) throw UsageError("cannot find this program's own path to start the ranks");
@@ -177,7 +189,7 @@ std::string own_path() {
   if (self.size() < 7 || self.compare(self.size() - 7, 7, "ckcheck") != 0) {
     throw UsageError("--world-size starts ckcheck itself once per rank; run it from the ckcheck program");
   }
-  return self;
+  return {self};
 }
 
 // The started ranks: their processes, exit statuses, error and wait-mark files, and the first
@@ -192,7 +204,7 @@ struct Ranks {
 };
 
 // In the child: the rank's environment and output, then this program again.
-[[noreturn]] void become_rank(const std::string& self, pid_t launcher, int r, int world_size, int port,
+[[noreturn]] void become_rank(const std::vector<std::string>& program, pid_t launcher, int r, int world_size, int port,
                               const Ranks& ranks) {
   // Die with the launcher, whatever ends it.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -210,10 +222,11 @@ struct Ranks {
     const int null = open("/dev/null", O_WRONLY);
     if (null >= 0) dup2(null, STDOUT_FILENO);
   }
-  std::vector<char*> argv{const_cast<char*>(self.c_str())};
+  std::vector<char*> argv;
+  for (const auto& a : program) argv.push_back(const_cast<char*>(a.c_str()));
   for (const auto& a : command_line()) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  execv(self.c_str(), argv.data());
+  execv(program.front().c_str(), argv.data());
   _exit(127);
 }
 
@@ -279,7 +292,7 @@ int stop_on_signal(Ranks& ranks) {
 }  // namespace
 
 int launch_ranks(int world_size, int timeout_s) {
-  const std::string self = own_path();
+  const auto self = rank_program();
   const int port = free_port();
   RankFolder folder;
   char dir_template[] = "/tmp/ckcheck-ranks-XXXXXX";

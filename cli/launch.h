@@ -17,12 +17,19 @@ namespace ckcheck::cli {
 void set_command_line(const std::vector<std::string>& args);
 const std::vector<std::string>& command_line();
 
+/// The program a rank runs, before those arguments: this ckcheck by default; a Python process
+/// running ckcheck's CLI names itself ({python, "-m", "ckcheck"}).
+void set_rank_program(const std::vector<std::string>& program);
+
 struct RankEnvironment {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  /// torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True):
+  /// every rank joins it, none hosts one.
+  bool agent_store = false;
 };
 
 /// The rank this process is, when RANK and WORLD_SIZE say so; throws UsageError when they are

@@ -238,13 +238,11 @@ int launch(const RunOptions& o, Model& model, const RunConfig& config) {
   return launch_ranks(o.world_size, o.timeout ? o.timeout : kRankTimeout);
 }
 
-// This process as one rank: joins the process group; the step's data parallelism goes through it.
+// This process as one rank (guarded by the run's limit already): joins ckcheck's process group;
+// the step's data parallelism goes through it.
 std::unique_ptr<Collective> join(const RankEnvironment& env, const RunOptions& o, RunConfig& config) {
-  // A peer that dies closes its sockets: let writes to them fail as errors, not kill this rank.
-  signal(SIGPIPE, SIG_IGN);
-  guard_rank(env.rank, env.world_size, o.timeout ? o.timeout : kRankTimeout);
   if (config.device.is_cuda()) config.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-  return mark_waits(join_process_group(env.rank, env.world_size, env.master_addr, env.master_port, config.device,
+  return mark_waits(join_process_group(env.rank, env.world_size, env.master_addr, env.master_port, !env.agent_store, config.device,
                                         o.timeout ? o.timeout : kRankTimeout));
 }
 
@@ -253,9 +251,15 @@ void gather_ranks(Collective* collective, RunRecords& records) {
   if (!collective) return;
   RunRecords::Rank mine;
   mine.rank = collective->rank();
+  // The generators after the step's first random draws: ranks seeded alike, or a model that seeds
+  // them itself, draw the same masks and end in the same state.
   mine.rng_start = records.checkpointed.rng_start;
   mine.error = records.checkpointed.error;
   for (const auto& c : records.checkpointed.calls) {
+    if (c.rng_consumed && !mine.draws) {
+      mine.rng_start = c.rng_print;
+      mine.first_draw = c.site;
+    }
     mine.draws = mine.draws || c.rng_consumed;
     bool differs = false;
     for (const auto& d : c.output_diffs) differs = differs || !d.equal;
@@ -263,7 +267,7 @@ void gather_ranks(Collective* collective, RunRecords& records) {
   }
   auto to_json = [](const RunRecords::Rank& k) {
     return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},
-                          {"replayed", k.replayed}, {"error", k.error}}.dump();
+                          {"replayed", k.replayed}, {"error", k.error}, {"first_draw", k.first_draw}}.dump();
   };
   if (mine.rank != 0) {
     collective->set(fmt::format("ckcheck/rank/{}", mine.rank), to_json(mine));
@@ -273,7 +277,8 @@ void gather_ranks(Collective* collective, RunRecords& records) {
   for (int r = 1; r < collective->world_size(); ++r) {
     const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}", r)));
     records.ranks.push_back({j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
-                             j.at("replayed").get<bool>(), j.at("error").get<std::string>()});
+                             j.at("replayed").get<bool>(), j.at("error").get<std::string>(),
+                             j.at("first_draw").get<std::string>()});
   }
 }
 
@@ -329,8 +334,18 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
   const auto env = rank_environment();
   // One process: the deadline here, or in the ckcheck program that watches this one (a Python model).
   if (o.timeout > 0 && !env && o.world_size == 1 && !supervised()) arm_deadline(o.timeout);
+  const int rank_timeout = o.timeout ? o.timeout : kRankTimeout;
+  // A rank keeps to the run's limit from the start: a Python model joins its engine's process
+  // group while it is built.
+  if (env && env->world_size > 1) {
+    guard_rank(env->rank, env->world_size, rank_timeout);
+    // A peer that dies closes its sockets: let writes to them fail as errors, not kill this rank.
+    signal(SIGPIPE, SIG_IGN);
+  }
   CheckpointChoice checkpoint;
-  auto model = build_model(o.model, env ? env->world_size : o.world_size, &checkpoint);
+  ModelArgs model_args = o.model;
+  model_args.parallel_timeout = rank_timeout;
+  auto model = build_model(model_args, env ? env->world_size : o.world_size, &checkpoint);
   const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
   auto config = run_config(o);
   fit_to_checkpoint(config, checkpoint);
@@ -350,8 +365,18 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
   std::unique_ptr<Collective> collective;
   std::unique_ptr<DataParallel> dp;
   if (env && env->world_size > 1) {
-    collective = join(*env, o, config);
-    dp = std::make_unique<DataParallel>(*collective);
+    auto* engine = dynamic_cast<ParallelEngine*>(model.get());
+    if (engine && !engine->engine().empty()) {
+      if (config.device.is_cuda()) {
+        throw UsageError("--parallel ddp runs on the CPU (Gloo) in this version; drop --device or --parallel");
+      }
+      // PyTorch's engine reduces; its process group gathers what the ranks saw.
+      collective = mark_waits(engine->engine_collective());
+      dp = std::make_unique<DataParallel>(*collective, *engine);
+    } else {
+      collective = join(*env, o, config);
+      dp = std::make_unique<DataParallel>(*collective);
+    }
     config.data_parallel = dp.get();
   }
   Runner runner(*model, config);

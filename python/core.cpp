@@ -30,9 +30,11 @@
 #include "ckcheck/model.h"
 #include "cli/app.h"
 #include "cli/common.h"
+#include "cli/launch.h"
 #include "cli/run.h"
 #include "cli/supervise.h"
 #include "cli/validate_op.h"
+#include "harness/runner/data_parallel.h"
 #include "harness/support/phase.h"
 #include "harness/model/random_input.h"
 #include "harness/support/errors.h"
@@ -116,7 +118,47 @@ std::vector<Tensor> observed_call(const SiteFn& fn, const std::vector<Tensor>& x
   return ys;
 }
 
-class PythonModel : public Model {
+// The process group of a Python model's data-parallel engine (torch.distributed, joined by the
+// adapter), as the runner's Collective: its store carries what each rank saw to rank 0.
+class PythonCollective : public Collective {
+ public:
+  explicit PythonCollective(py::object group) : group_(std::move(group)) {
+    IntoPython gil;
+    rank_ = group_.attr("rank").cast<int>();
+    world_ = group_.attr("world_size").cast<int>();
+    backend_ = group_.attr("backend").cast<std::string>();
+  }
+  ~PythonCollective() override {
+    IntoPython gil;
+    group_ = py::object();
+  }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string backend() const override { return backend_; }
+  void allreduce_sum(std::vector<Tensor>& tensors) override {
+    IntoPython gil;
+    group_.attr("allreduce_sum")(tensors);
+  }
+  void set(const std::string& key, const std::string& value) override {
+    IntoPython gil;
+    group_.attr("set")(key, py::bytes(value));
+  }
+  std::string get(const std::string& key) override {
+    IntoPython gil;
+    return group_.attr("get")(key).cast<std::string>();
+  }
+  void barrier() override {
+    IntoPython gil;
+    group_.attr("barrier")();
+  }
+
+ private:
+  py::object group_;
+  int rank_ = 0, world_ = 1;
+  std::string backend_;
+};
+
+class PythonModel : public Model, public ParallelEngine {
  public:
   PythonModel(py::object adapter, std::string checkpoint)
       : adapter_(std::move(adapter)), checkpoint_(std::move(checkpoint)) {
@@ -297,6 +339,24 @@ class PythonModel : public Model {
     return adapter_.attr("selective_problem")(ops).cast<std::string>();
   }
 
+  // --parallel: the adapter wraps the module in PyTorch's engine and joined its process group.
+  std::string engine() const override {
+    IntoPython gil;
+    return adapter_.attr("parallel").cast<std::string>();
+  }
+  std::unique_ptr<Collective> engine_collective() override {
+    IntoPython gil;
+    return std::make_unique<PythonCollective>(adapter_.attr("process_group"));
+  }
+  void use_engine(bool on) override {
+    IntoPython gil;
+    adapter_.attr("use_engine")(on);
+  }
+  void engine_step_done() override {
+    IntoPython gil;
+    adapter_.attr("engine_step_done")();
+  }
+
   std::vector<Tensor> checkpoint_unit(const SiteFn& fn, const std::vector<Tensor>& inputs,
                                       const CheckpointOptions& o) override {
     if (checkpoint_ == "ckcheck") return ckcheck::checkpoint(fn, inputs, o);
@@ -414,6 +474,8 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
     py::dict policy;  // --sac-save, --offload
     policy["sac_save"] = args.sac_save;
     policy["offload"] = args.offload;
+    policy["parallel"] = args.parallel;
+    policy["parallel_timeout"] = args.parallel_timeout;
     const py::object spec = given_model ? given_model->factory : py::cast(args.model);
     auto adapter = py::module_::import("ckcheck._model")
                        .attr("load")(spec, args.seed, inputs, args.checkpoint, args.mode, compile, policy);
@@ -430,6 +492,11 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
 // its output buffers before a report is written. Set once, when the module is imported.
 void install_hooks() {
   cli::set_python_model_loader(load);
+  // The ranks of a data-parallel run are this Python running ckcheck's CLI again.
+  {
+    py::gil_scoped_acquire gil;
+    cli::set_rank_program({py::module_::import("sys").attr("executable").cast<std::string>(), "-m", "ckcheck"});
+  }
   cli::set_python_importer([](const std::string& module) {
     py::gil_scoped_acquire gil;
     try {

@@ -128,6 +128,12 @@ class ConsoleReporter : public Reporter {
     if (!r.model.checkpoint.empty() && r.model.checkpoint != "ckcheck") {
       h += fmt::format("\ncheckpoint under test: {} ({})", r.model.checkpoint, r.model.checkpoint_reason);
     }
+    if (r.config.value("world_size", 1) > 1) {
+      const bool ddp = r.config.value("parallel", std::string("off")) == "ddp";
+      h += fmt::format("\ndata-parallel: {} ranks, {} over {}", r.config["world_size"].get<int>(),
+                       ddp ? "PyTorch's DistributedDataParallel" : "ckcheck's bucketed all-reduce",
+                       r.config.value("backend", std::string("?")));
+    }
     if (!r.model.eval_modules.empty()) {
       h += fmt::format("\nin eval mode (as built or exported; for a TorchScript file --mode train changes that): {}", fmt::join(r.model.eval_modules, " "));
     }

@@ -9,6 +9,17 @@ namespace ckcheck {
 DataParallel::DataParallel(Collective& collective, int64_t bucket_bytes)
     : collective_(collective), bucket_bytes_(bucket_bytes) {}
 
+DataParallel::DataParallel(Collective& collective, ParallelEngine& engine)
+    : collective_(collective), engine_(&engine), bucket_bytes_(0) {}
+
+void DataParallel::begin_run() {
+  if (engine_) engine_->use_engine(true);
+}
+
+void DataParallel::end_run() {
+  if (engine_) engine_->use_engine(false);
+}
+
 torch::Tensor DataParallel::shard(const torch::Tensor& global) const {
   const int64_t world = world_size();
   if (global.dim() == 0) return global;
@@ -23,6 +34,7 @@ torch::Tensor DataParallel::shard(const torch::Tensor& global) const {
 }
 
 void DataParallel::begin_backward(const NamedTensors& params) {
+  if (engine_) return;
   if (buckets_.empty() || names_.size() != params.size()) {
     buckets_.clear();
     bucket_of_.assign(params.size(), 0);
@@ -50,7 +62,7 @@ void DataParallel::begin_backward(const NamedTensors& params) {
 }
 
 void DataParallel::gradient_ready(size_t index, const torch::Tensor& grad) {
-  if (index >= fired_.size()) return;
+  if (engine_ || index >= fired_.size()) return;
   if (++fired_[index] == 2) ready_twice.push_back(names_[index]);
   grads_[index] = grads_[index].defined() ? grads_[index] + grad.detach() : grad.detach().clone();
   const size_t b = bucket_of_[index];
@@ -77,6 +89,10 @@ void DataParallel::reduce_bucket(size_t b) {
 }
 
 void DataParallel::end_step(const NamedTensors& params) {
+  if (engine_) {
+    engine_->engine_step_done();
+    return;
+  }
   torch::NoGradGuard no_grad;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     bool twice = false;

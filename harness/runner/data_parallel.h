@@ -32,11 +32,30 @@ class Collective {
 };
 
 /// Joins a process group: Gloo for CPU tensors, NCCL for CUDA ones (when this LibTorch has it).
-/// Rank 0 hosts the store at master_addr:master_port. Throws UsageError when the backend is
+/// Rank 0 hosts the store at master_addr:master_port, or (`host_store` false) a launcher's agent
+/// does, and ckcheck's keys go under a prefix of their own there. Throws UsageError when the backend is
 /// missing, and std::runtime_error naming the address when the group cannot be formed in time.
 std::unique_ptr<Collective> join_process_group(int rank, int world_size, const std::string& master_addr,
-                                               int master_port, const torch::Device& device,
+                                               int master_port, bool host_store, const torch::Device& device,
                                                int timeout_seconds);
+
+/// A model trained data-parallel by an engine of its own -- a Python model under PyTorch's
+/// DistributedDataParallel: the engine reduces the gradients; the runner still shards the batch,
+/// seeds each rank, and says which steps run through the engine (the single-process reference
+/// runs the bare model).
+class ParallelEngine {
+ public:
+  virtual ~ParallelEngine() = default;
+  /// The engine, as --parallel names it ("ddp").
+  virtual std::string engine() const = 0;
+  /// The engine's process group (the model joined it when it was built), for gathering results.
+  virtual std::unique_ptr<Collective> engine_collective() = 0;
+  /// Whether the steps from now on run through the engine (false: the bare model).
+  virtual void use_engine(bool on) = 0;
+  /// After a step's backward: throws, with the engine's own message, when it did not finish the
+  /// step's reduction (a parameter whose gradient never came).
+  virtual void engine_step_done() = 0;
+};
 
 /// Data parallelism as a participant of the step: the Runner shards, seeds and reduces through it.
 class DataParallel : public StepParticipant {
@@ -44,6 +63,11 @@ class DataParallel : public StepParticipant {
   /// Parameters go into buckets of at most `bucket_bytes`, in reverse order (DDP's default is
   /// 25 MiB: the last layers' gradients are ready first).
   explicit DataParallel(Collective& collective, int64_t bucket_bytes = 25ll << 20);
+  /// Through the model's own engine, which reduces the gradients itself.
+  DataParallel(Collective& collective, ParallelEngine& engine);
+
+  /// The engine that reduces, or null when this participant reduces itself.
+  const ParallelEngine* engine() const { return engine_; }
 
   int rank() const { return collective_.rank(); }
   int world_size() const { return collective_.world_size(); }
@@ -54,13 +78,15 @@ class DataParallel : public StepParticipant {
   /// This rank's rows of a tensor whose first dimension is the global batch.
   torch::Tensor shard(const torch::Tensor& global) const override;
 
-  bool watches_gradients() const override { return true; }
+  bool watches_gradients() const override { return engine_ == nullptr; }
   /// Before a backward: forget the last step's readiness.
   void begin_backward(const NamedTensors& params) override;
   /// A parameter's gradient hook fired with `grad`.
   void gradient_ready(size_t index, const torch::Tensor& grad) override;
   /// After the backward: reduce what is left, and leave every gradient averaged over the ranks.
   void end_step(const NamedTensors& params) override;
+  void begin_run() override;
+  void end_run() override;
 
   /// Parameters whose hook fired more than once, or never, in the last step.
   std::vector<std::string> ready_twice, never_ready;
@@ -69,6 +95,7 @@ class DataParallel : public StepParticipant {
   void reduce_bucket(size_t b);
 
   Collective& collective_;
+  ParallelEngine* engine_ = nullptr;
   int64_t bucket_bytes_;
   std::vector<std::vector<size_t>> buckets_;  // parameter indices
   std::vector<size_t> bucket_of_;

@@ -18,6 +18,7 @@
 #if defined(USE_C10D_GLOO) && !defined(CKCHECK_NO_GLOO)
 #define CKCHECK_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #endif
 #if defined(USE_C10D_NCCL) && !defined(CKCHECK_NO_NCCL)
@@ -91,7 +92,7 @@ int listen_on(const std::string& host, int port) {
 #endif
 
 std::unique_ptr<Collective> join_process_group(int rank, int world_size, const std::string& master_addr,
-                                               int master_port, const torch::Device& device,
+                                               int master_port, bool host_store, const torch::Device& device,
                                                int timeout_seconds) {
 #ifndef CKCHECK_GLOO
   throw FieldError("world_size", "this ckcheck was built without c10d's Gloo backend (a LibTorch without it, or no Gloo headers: install libgloo-dev), so @world_size is not available");
@@ -104,13 +105,14 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(master_port);
-    opts.isServer = rank == 0;
+    opts.isServer = host_store && rank == 0;
     opts.numWorkers = static_cast<std::size_t>(world_size);
     opts.waitWorkers = true;
     opts.timeout = timeout;
     if (opts.isServer) opts.masterListenFd = listen_on(master_addr == "localhost" ? "127.0.0.1" : master_addr, master_port);
     store = c10::make_intrusive<c10d::TCPStore>(master_addr, opts);
     store->setTimeout(op_timeout);
+    if (!host_store) store = c10::make_intrusive<c10d::PrefixStore>("ckcheck", store);
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("rank {} could not reach the store at {}:{} within {} s: {}", rank,
                                          master_addr, master_port, timeout_seconds,

@@ -101,7 +101,13 @@ class EvidenceObserver : public CheckpointObserver {
     auto& e = calls_[c.id];
     e.versions_exit = versions_of(inputs);
     const auto rng_after = RngState::capture();
-    e.rng_consumed = rng_after != rng_before_[c.id];
+    const auto& before = rng_before_[c.id];
+    e.rng_consumed = rng_after != before;
+    if (e.rng_consumed) {
+      // After the draws: a model that reseeds inside its forward leaves every rank in one state.
+      e.rng_print = fingerprint(rng_after.cpu);
+      for (const auto& [device, state] : rng_after.cuda) e.rng_print = e.rng_print * 1000003ull + fingerprint(state);
+    }
     rng_before_.erase(c.id);
     if (e.rng_consumed) rng_after_forward_[c.id] = rng_after;
     auto& kept = outputs_[c.id];
@@ -621,6 +627,23 @@ StepParticipant& participant_of(const RunConfig& config, const StepOptions& opti
   return alone;
 }
 
+// The participant's part in a run of steps, ended on every path.
+class ParticipantRun {
+ public:
+  explicit ParticipantRun(StepParticipant& part) : part_(part) { part_.begin_run(); }
+  ~ParticipantRun() {
+    try {
+      part_.end_run();
+    } catch (...) {  // the run's own error, if any, is the one to report
+    }
+  }
+  ParticipantRun(const ParticipantRun&) = delete;
+  ParticipantRun& operator=(const ParticipantRun&) = delete;
+
+ private:
+  StepParticipant& part_;
+};
+
 // The checkpoint's protections: the step's own, or the run's.
 CheckpointOptions checkpoint_options(const RunConfig& config, const StepOptions& options = {}) {
   return options.checkpoint.value_or(config.checkpoint).options();
@@ -653,6 +676,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   const double cpu0 = process_cpu_seconds();
   try {
     std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
+    const ParticipantRun taking_part(part);
     const auto inputs = start_run(model_, start_, config_.seed, part, record);
     const auto params = model_.named_parameters();
     std::vector<TensorRecord> input_grads;

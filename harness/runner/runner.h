@@ -92,6 +92,7 @@ struct CallEvidence {
   /// Those of them the model reaches through several module paths (a shared module): how many.
   std::map<std::string, size_t> state_paths;
   bool rng_consumed = false;          // the default generators moved during the forward
+  uint64_t rng_print = 0;             // when it drew: the generators' state after its draws, hashed (rank-rng)
   bool rng_replayed = true;           // the recompute ended in the RNG state the forward ended in
   bool forward_no_grad = false;       // the forward ran without autograd (a reentrant checkpoint)
   bool inputs_require_grad = false;   // some input required grad as the forward began
@@ -195,6 +196,7 @@ struct RunRecords {
     bool draws = false;     // a checkpointed site consumed random numbers
     bool replayed = true;   // every such site's recompute reproduced its forward
     std::string error;
+    std::string first_draw;  // the first checkpointed site that drew, "" when none
   };
   std::vector<Rank> ranks;
   /// A model trained compiled (--compile): what the compiler did (Model::compiled_steps()).

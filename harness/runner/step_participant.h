@@ -29,6 +29,9 @@ class StepParticipant {
   virtual void gradient_ready(size_t index, const torch::Tensor& grad) {}
   /// After the step's backwards, before its gradients are recorded.
   virtual void end_step(const NamedTensors& params) {}
+  /// Around every run of steps it takes part in (end_run also when a step threw).
+  virtual void begin_run() {}
+  virtual void end_run() {}
 };
 
 }  // namespace ckcheck

@@ -122,4 +122,12 @@ bool names_site(const std::string& text, const std::string& site) {
   return false;
 }
 
+std::string text_after(const std::string& text, const std::string& key, const char* ends) {
+  const auto at = text.find(key);
+  if (at == std::string::npos) return "";
+  const auto begin = at + key.size();
+  const auto end = text.find_first_of(ends, begin);
+  return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
 }  // namespace ckcheck

@@ -20,6 +20,11 @@ int64_t parse_bytes(const std::string& text);
 /// 1536 -> "1.5 KiB".
 std::string format_bytes(double bytes);
 
+/// What `text` says after `key`, up to the first of the characters `ends` (or its end); "" when
+/// `key` is not in it: the site in "ckcheck::checkpoint(blocks.1): ...", the parameter in DDP's
+/// "... with name blocks.0.w has been marked ...".
+std::string text_after(const std::string& text, const std::string& key, const char* ends);
+
 /// Whether `text` names the module path `site` as a whole: "threw at blocks.1: ..." names blocks.1,
 /// not blocks.10 nor blocks.1.attn.
 bool names_site(const std::string& text, const std::string& site);

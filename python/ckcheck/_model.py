@@ -27,6 +27,8 @@ import sys
 import torch
 from torch.utils import _pytree as pytree
 
+from ckcheck import _parallel
+
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()).keys()) | {"forward"}
 _SCALARS = (bool, int, float, str, type(None))
 _ABSENT = object()  # an attribute a module did not have
@@ -154,10 +156,10 @@ def _parse_result(result):
         parts["model"] = result
     elif isinstance(result, dict):
         unknown = set(result) - {"model", "inputs", "args", "kwargs", "loss", "enable", "disable", "context_fn",
-                                 "offload"}
+                                 "offload", "ddp"}
         if unknown:
             raise UsageError(f"the factory's dict has unknown keys {sorted(unknown)}; "
-                             "known: model, inputs, args, kwargs, loss, enable, disable, context_fn, offload")
+                             "known: model, inputs, args, kwargs, loss, enable, disable, context_fn, offload, ddp")
         parts = dict(result)
     elif isinstance(result, (tuple, list)) and 2 <= len(result) <= 3:
         parts["model"], parts["inputs"] = result[0], result[1]
@@ -186,7 +188,7 @@ def _parse_result(result):
     for key in ("loss", "enable", "disable", "context_fn", "offload"):
         if parts.get(key) is not None and not callable(parts[key]):
             raise UsageError(f"the factory's '{key}' must be callable")
-    extras = {"context_fn": parts.get("context_fn"), "offload": parts.get("offload")}
+    extras = {"context_fn": parts.get("context_fn"), "offload": parts.get("offload"), "ddp": parts.get("ddp")}
     return module, args, kwargs, parts.get("loss"), parts.get("enable"), parts.get("disable"), extras
 
 
@@ -249,9 +251,22 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     if offload != "off" and compile_opts is not None:
         raise UsageError("--offload applies to eager training; drop --compile or --offload")
     offload_fn = (extras["offload"] or offload_to_cpu) if offload != "off" else None
+    parallel = policy_opts.get("parallel", "off")
+    if parallel != "off" and compile_opts is not None:
+        raise UsageError("--parallel applies to eager training; drop --compile or --parallel")
+    ddp_options = _parallel.check_ddp_options(extras["ddp"])
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "model")
-    return ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts, context_fn,
-                        (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"))
+    adapter = ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts, context_fn,
+                           (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"))
+    # A rank of a data-parallel run joins its process group now; the process that starts the
+    # ranks (no RANK yet) only checks the model.
+    if parallel != "off" and "RANK" in os.environ:
+        try:
+            adapter.attach_engine(_parallel.Engine(module, ddp_options, int(policy_opts.get("parallel_timeout", 300))))
+        except BaseException:
+            adapter.close()
+            raise
+    return adapter
 
 
 def own_switch(module, enable=None, disable=None):
@@ -499,10 +514,30 @@ class ModelAdapter:
         self.compiled = compile_opts is not None  # trained through torch.compile (--compile)
         self._step_context_fn = None  # a sac:OPS policy's contexts, for the step under way
         self._policy_contexts = {}  # sac:OPS -> its context_fn, made once
+        self._engine = None  # --parallel: the data-parallel engine the steps run through
         if compile_opts is not None:
             self._compile(compile_opts)
         if self._offload is not None:
             self._offload_facts = self._compare_offloaded()
+
+    # -- data-parallel training (--parallel) ----------------------------------------------------
+    def attach_engine(self, engine):
+        self._engine = engine
+
+    @property
+    def parallel(self):
+        """The engine's name ("ddp"), or "" without one."""
+        return "ddp" if self._engine is not None else ""
+
+    @property
+    def process_group(self):
+        return self._engine.group
+
+    def use_engine(self, on):
+        self._engine.use(on)
+
+    def engine_step_done(self):
+        self._engine.step_done()
 
     def _compile(self, opts):
         """--compile: the steps run through torch.compile; the modules get their own forwards back
@@ -621,6 +656,9 @@ class ModelAdapter:
         self._call_site = None
         if getattr(self, "_compiler", None) is not None:
             self._compiler.close()
+        if getattr(self, "_engine", None) is not None:
+            self._engine.close()
+            self._engine = None
         for m, key, value in self._switch_before:
             if value is _ABSENT:
                 vars(m).pop(key, None)
@@ -905,7 +943,7 @@ class ModelAdapter:
         offloaded = self._offload() if self._offload is not None and checkpointing else contextlib.nullcontext()
         try:
             with torch.utils.checkpoint.set_checkpoint_early_stop(False), offloaded:
-                out = self.module(*a, **k)
+                out = (self._engine or self.module)(*a, **k)
                 if self.loss is not None:
                     out = self.loss(out)
         except BaseException:

@@ -1,0 +1,237 @@
+"""Data-parallel training in PyTorch's own engine: `ckcheck run --parallel ddp --world-size N` (and
+the same ranks started by torchrun). What PyTorch does comes from ddp_truth.py, PyTorch's DDP alone
+on two processes; every detection has its negative control. Gloo on 127.0.0.1 only.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT, ckcheck_bin, fixture
+
+MODELS = fixture("parallel.py")
+TRUTH = os.path.join(os.path.dirname(__file__), "ddp_truth.py")
+PYTHON = sys.executable
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def pytorch_ddp(tmp_path, factory, checkpoint, world=2):
+    """PyTorch alone: each rank's {"error", "grads"} under DDP with every block checkpointed."""
+    port, procs, outs = free_port(), [], []
+    for rank in range(world):
+        out = tmp_path / f"truth-{factory}-{checkpoint}-{rank}.json"
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([PYTHON, TRUTH, MODELS, factory, checkpoint, str(out)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        outs.append(out)
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-2000:]
+    return [json.loads(o.read_text()) for o in outs]
+
+
+def ddp_run(ckcheck, factory, checkpoint, *extra, world=2):
+    return ckcheck("run", "--model", f"{MODELS}:{factory}", "--checkpoint", checkpoint, "--parallel", "ddp",
+                   "--world-size", world, "--timeout", 120, *extra)
+
+
+def test_transformer_under_ddp_with_a_non_reentrant_checkpoint_passes(ckcheck, tmp_path):
+    # PyTorch: DDP's gradients with every block checkpointed equal the plain ones, bitwise.
+    plain, ckpt = pytorch_ddp(tmp_path, "transformer", "none"), pytorch_ddp(tmp_path, "transformer", "torch")
+    assert plain[0]["grads"] == ckpt[0]["grads"] and not ckpt[0]["error"]
+    r = ddp_run(ckcheck, "transformer", "torch")
+    assert r.code == 0, r.out + r.err
+    assert r.report["config"]["parallel"] == "ddp" and r.report["config"]["world_size"] == 2
+    assert "PyTorch's DistributedDataParallel over gloo" in r.out
+    dp = r.check("data-parallel")
+    assert dp["status"] == "pass" and "averaged over 2 ranks" in dp["summary"]
+
+
+def test_world_size_four(ckcheck):
+    r = ddp_run(ckcheck, "transformer", "torch", world=4)
+    assert r.code == 0, r.out + r.err
+    assert r.check("data-parallel")["status"] == "pass" and "over 4 ranks" in r.check("data-parallel")["summary"]
+
+
+def test_reentrant_checkpoint_on_a_frozen_input_lora_model_fails_the_hooks_check(ckcheck, tmp_path):
+    # PyTorch: DDP stops at the next step (the adapters' gradients never came); non-reentrant is fine.
+    reentrant = pytorch_ddp(tmp_path, "lora", "torch-reentrant")
+    assert "Expected to have finished reduction" in reentrant[0]["error"]
+    assert reentrant[0]["grads"]["blocks.0.proj.down.weight"] is None
+    assert not pytorch_ddp(tmp_path, "lora", "torch")[0]["error"]
+
+    r = ddp_run(ckcheck, "lora", "torch-reentrant")
+    assert r.code == 1, r.out + r.err
+    hooks = r.check("hooks")
+    assert hooks["status"] == "fail"
+    tensors = {f["tensor"] for f in hooks["findings"]}
+    assert "blocks.0.proj.down.weight" in tensors and all(f["cause"] == "hook-count" for f in hooks["findings"])
+    assert all(f["site"] in ("blocks.0", "blocks.1") for f in hooks["findings"])
+    assert any("DDP stopped the step" in f["message"] for f in hooks["findings"])
+    # The negative control: the same model under the non-reentrant checkpoint.
+    ok = ddp_run(ckcheck, "lora", "torch")
+    assert ok.code == 0 and ok.check("hooks")["status"] == "pass", ok.out + ok.err
+
+
+def test_the_factorys_ddp_options_reach_the_engine(ckcheck, tmp_path):
+    # find_unused_parameters=True: PyTorch's DDP goes on without the adapters' gradients.
+    truth = pytorch_ddp(tmp_path, "lora_find_unused", "torch-reentrant")
+    assert not truth[0]["error"] and truth[0]["grads"]["blocks.0.proj.down.weight"] is None
+    r = ddp_run(ckcheck, "lora_find_unused", "torch-reentrant")
+    assert r.code == 1
+    # No error from the engine this time: the gradients are simply missing.
+    causes = {f["cause"] for f in r.check("gradients")["findings"]}
+    assert causes == {"missing-grad"}, r.check("gradients")
+    assert r.check("hooks")["status"] == "fail"
+
+
+def test_a_model_that_reseeds_in_its_forward_fails_rank_rng(ckcheck):
+    # PyTorch: after the reseed, two ranks' streams are one (the same masks), whatever their seeds.
+    import torch
+
+    def masks(seed, reseed):
+        torch.manual_seed(seed)
+        if reseed:
+            torch.manual_seed(1234)
+        return torch.rand(16)
+
+    assert torch.equal(masks(1, True), masks(2, True)) and not torch.equal(masks(1, False), masks(2, False))
+    r = ddp_run(ckcheck, "dropout_reseeded", "torch")
+    assert r.code == 1, r.out + r.err
+    rng = r.check("rank-rng")
+    assert rng["status"] == "fail" and rng["findings"][0]["site"] == "blocks.0", rng
+    ok = ddp_run(ckcheck, "dropout_per_rank", "torch")
+    assert ok.code == 0 and ok.check("rank-rng")["status"] == "pass", ok.out + ok.err
+
+
+def _listening_sockets(pids):
+    """(pid, local address) of every TCP socket in LISTEN state the processes hold -- what `ss
+    -ltnp` shows, read from where it reads it (/proc/net/tcp{,6} and each process's fds)."""
+    inodes = {}
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A" and cols[9] in inodes:
+                    found.append((inodes[cols[9]], cols[1].split(":")[0]))
+    return found
+
+
+def _descendants(root):
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc writes them
+
+
+def test_the_ranks_listen_on_loopback_only(tmp_path):
+    p = subprocess.Popen([ckcheck_bin(), "run", "--model", f"{MODELS}:transformer", "--checkpoint", "torch",
+                          "--parallel", "ddp", "--world-size", "2", "--timeout", "120"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.extend(_listening_sockets(_descendants(p.pid)))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    out, err = p.communicate(timeout=180)
+    stop.set()
+    t.join()
+    assert p.returncode == 0, out + err
+    assert seen, "no listening socket was seen: the watch missed the run"
+    assert all(addr in LOOPBACK for _, addr in seen), seen
+
+
+@pytest.mark.parametrize("model", ["python", "builtin"])
+def test_two_torchrun_nodes_give_the_report_of_world_size_two(ckcheck, tmp_path, model):
+    """Two torchrun launchers (--nnodes 2, one rank each) on loopback: torchrun's agent hosts the
+    store, which the ranks join; the report is that of --world-size 2."""
+    if model == "python":
+        args = ["--model", f"{MODELS}:transformer_dropout", "--checkpoint", "torch", "--parallel", "ddp"]
+        program = ["-m", "ckcheck", "run"]
+    else:
+        args = ["--model", "transformer", "--layers", "2", "--batch", "4"]
+        program = ["--no-python", ckcheck_bin(), "run"]
+    reference = ckcheck("run", *args, "--world-size", 2, "--timeout", 120)
+    assert reference.code == 0, reference.out + reference.err
+    port = free_port()
+    report = tmp_path / "torchrun.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "build", "python"), os.environ.get("PYTHONPATH", "")]))
+    launchers = []
+    for node in range(2):
+        argv = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+                str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), *program, *args,
+                "--timeout", "120", "--report", f"json={report}"]
+        launchers.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+    for p in launchers:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, out + err[-3000:]
+    got = json.loads(report.read_text())
+    summary = lambda rep: [(c["id"], c["status"], c["summary"]) for c in rep["checks"]]
+    assert summary(got) == summary(reference.report)
+    assert got["tensors"] == reference.report["tensors"]
+    assert got["config"]["world_size"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world-size", "2"], "add --parallel ddp"),
+    (["--parallel", "ddp"], "add --world-size N"),
+    (["--parallel", "ddp", "--world-size", "2", "--compile"], "--parallel applies to eager training"),
+    (["--parallel", "ddp", "--world-size", "2", "--diagnose"], "run in one process"),
+])
+def test_usage_errors(ckcheck, args, message):
+    r = ckcheck("run", "--model", f"{MODELS}:transformer", *args)
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and message in lines[0], r.err
+
+
+def test_parallel_applies_to_python_models(ckcheck):
+    r = ckcheck("run", "--model", "mlp", "--parallel", "ddp", "--world-size", "2")
+    assert r.code == 2 and "--parallel applies to Python models" in r.err, r.err
+
+
+def test_diagnose_refuses_parallel(ckcheck):
+    r = ckcheck("diagnose", "--model", f"{MODELS}:transformer", "--parallel", "ddp")
+    assert r.code == 2 and "diagnose runs in one process" in r.err, r.err

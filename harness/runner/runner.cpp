@@ -472,7 +472,11 @@ Upstream upstream_of(const std::vector<Tensor>& outs, uint64_t seed, int64_t ste
     // This process's rows of the upstream gradient of the whole batch.
     auto global = outs[i].sizes().vec();
     if (!global.empty()) global[0] *= part.batch_multiple();
-    const Tensor g = part.shard(upstream_for(global, outs[i].options(), seed, step, i));
+    Tensor g = part.shard(upstream_for(global, outs[i].options(), seed, step, i));
+    // A scalar output is a mean over the batch (as PyTorch's losses reduce by default): the whole
+    // batch's is the mean of the ranks', so each rank's upstream gradient is 1/N of it -- and the
+    // ranks' gradients sum to the whole batch's, as for outputs with a row per example.
+    if (global.empty() && part.batch_multiple() > 1) g = g / static_cast<double>(part.batch_multiple());
     u.loss = u.loss + (outs[i].detach().to(torch::kDouble) * g.to(torch::kDouble)).sum().cpu();
     if (outs[i].requires_grad()) {
       u.roots.push_back(outs[i]);

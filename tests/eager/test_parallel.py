@@ -13,7 +13,9 @@ import time
 
 import pytest
 
-from conftest import ROOT, ckcheck_bin, fixture
+from conftest import FIXTURES, ROOT, ckcheck_bin, fixture
+
+sys.path.insert(0, FIXTURES)  # parallel.py builds on twins.py, as ckcheck's factory import finds it
 
 MODELS = fixture("parallel.py")
 TRUTH = os.path.join(os.path.dirname(__file__), "ddp_truth.py")
@@ -115,6 +117,50 @@ def test_a_model_that_reseeds_in_its_forward_fails_rank_rng(ckcheck):
     assert rng["status"] == "fail" and rng["findings"][0]["site"] == "blocks.0", rng
     ok = ddp_run(ckcheck, "dropout_per_rank", "torch")
     assert ok.code == 0 and ok.check("rank-rng")["status"] == "pass", ok.out + ok.err
+
+
+def _whole_and_shards(factory):
+    """PyTorch alone, one process: the parameter gradients of a mean of the factory's outputs'
+    projections on the whole batch, and the average of those on its two halves."""
+    import torch
+    from conftest import factory_result
+
+    made = factory_result("parallel.py", factory)
+    model, inputs = (made["model"], made["inputs"]) if isinstance(made, dict) else made
+
+    def grads(part):
+        model.zero_grad(set_to_none=True)
+        args = {k: v[part] for k, v in inputs.items()} if isinstance(inputs, dict) else {}
+        out = model(**args) if args else model(inputs[part])
+        loss = out["loss"] if isinstance(out, dict) else out.sum() / len(inputs)
+        loss.backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    whole = grads(slice(None))
+    halves = [grads(slice(0, 2)), grads(slice(2, 4))]
+    return whole, [(a + b) / 2 for a, b in zip(*halves)]
+
+
+def test_a_mean_loss_averaged_over_ranks_is_the_whole_batch_loss(ckcheck):
+    # PyTorch: a mean loss's gradient on the whole batch is the average of its halves' (up to rounding).
+    import torch
+
+    whole, averaged = _whole_and_shards("transformer_mean_loss")
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(whole, averaged))
+    r = ddp_run(ckcheck, "transformer_mean_loss", "torch")
+    assert r.code == 0 and r.check("data-parallel")["status"] == "pass", r.out + r.err
+
+
+def test_batchnorm_statistics_per_shard_fail_data_parallel(ckcheck):
+    # PyTorch: BatchNorm normalises each half by its own statistics, so the halves' gradients do
+    # not average to the whole batch's.
+    import torch
+
+    whole, averaged = _whole_and_shards("convnet_batchnorm")
+    assert not all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(whole, averaged))
+    r = ddp_run(ckcheck, "convnet_batchnorm", "torch", "--checks", "gradients,data-parallel")
+    assert r.code == 1 and r.check("data-parallel")["status"] == "fail", r.out + r.err
+    assert r.check("gradients")["status"] == "pass"
 
 
 def _listening_sockets(pids):

@@ -247,7 +247,9 @@ std::unique_ptr<Collective> join(const RankEnvironment& env, const RunOptions& o
 }
 
 // What every rank saw, gathered on rank 0 through the store before the checks run.
-void gather_ranks(Collective* collective, RunRecords& records) {
+// `identity` says what this rank runs (model, parameters, checkpoint, plan): a rank started with
+// another command than rank 0's (torchrun nodes given other options) is refused in one line.
+void gather_ranks(Collective* collective, RunRecords& records, const std::string& identity) {
   if (!collective) return;
   RunRecords::Rank mine;
   mine.rank = collective->rank();
@@ -265,9 +267,10 @@ void gather_ranks(Collective* collective, RunRecords& records) {
     for (const auto& d : c.output_diffs) differs = differs || !d.equal;
     if (c.rng_consumed && differs) mine.replayed = false;
   }
-  auto to_json = [](const RunRecords::Rank& k) {
+  auto to_json = [&identity](const RunRecords::Rank& k) {
     return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},
-                          {"replayed", k.replayed}, {"error", k.error}, {"first_draw", k.first_draw}}.dump();
+                          {"replayed", k.replayed}, {"error", k.error}, {"first_draw", k.first_draw},
+                          {"identity", identity}}.dump();
   };
   if (mine.rank != 0) {
     collective->set(fmt::format("ckcheck/rank/{}", mine.rank), to_json(mine));
@@ -276,6 +279,10 @@ void gather_ranks(Collective* collective, RunRecords& records) {
   records.ranks.push_back(mine);
   for (int r = 1; r < collective->world_size(); ++r) {
     const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}", r)));
+    if (j.at("identity").get<std::string>() != identity) {
+      throw UsageError(fmt::format("rank {} runs {}, but rank 0 runs {}; start every rank with the same command",
+                                   r, j.at("identity").get<std::string>(), identity));
+    }
     records.ranks.push_back({j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
                              j.at("replayed").get<bool>(), j.at("error").get<std::string>(),
                              j.at("first_draw").get<std::string>()});
@@ -379,9 +386,14 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
     }
     config.data_parallel = dp.get();
   }
+  int64_t numel = 0;
+  for (const auto& [name, p] : model->named_parameters()) numel += p.numel();
+  const auto identity = fmt::format("model {} ({} parameters, {} values) under the {} checkpoint, policy {} ({})",
+                                    model->name(), model->named_parameters().size(), numel, checkpoint.name,
+                                    plan.policy.text(), fmt::join(plan.checkpointed(), " "));
   Runner runner(*model, config);
   const auto outcome = run_checks(runner, plan, tolerance, checks, o.knobs,
-                                  [&](RunRecords& records) { gather_ranks(collective.get(), records); });
+                                  [&](RunRecords& records) { gather_ranks(collective.get(), records, identity); });
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);

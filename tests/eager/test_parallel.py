@@ -141,24 +141,27 @@ def _whole_and_shards(factory):
     return whole, [(a + b) / 2 for a, b in zip(*halves)]
 
 
-def test_a_mean_loss_averaged_over_ranks_is_the_whole_batch_loss(ckcheck):
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_a_mean_loss_averaged_over_ranks_is_the_whole_batch_loss(ckcheck, amp):
     # PyTorch: a mean loss's gradient on the whole batch is the average of its halves' (up to rounding).
     import torch
 
     whole, averaged = _whole_and_shards("transformer_mean_loss")
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(whole, averaged))
-    r = ddp_run(ckcheck, "transformer_mean_loss", "torch")
+    r = ddp_run(ckcheck, "transformer_mean_loss", "torch", "--amp", amp)
     assert r.code == 0 and r.check("data-parallel")["status"] == "pass", r.out + r.err
+    assert ("autocast bf16" in r.check("data-parallel")["summary"]) == (amp == "bf16")
 
 
-def test_batchnorm_statistics_per_shard_fail_data_parallel(ckcheck):
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_batchnorm_statistics_per_shard_fail_data_parallel(ckcheck, amp):
     # PyTorch: BatchNorm normalises each half by its own statistics, so the halves' gradients do
     # not average to the whole batch's.
     import torch
 
     whole, averaged = _whole_and_shards("convnet_batchnorm")
     assert not all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(whole, averaged))
-    r = ddp_run(ckcheck, "convnet_batchnorm", "torch", "--checks", "gradients,data-parallel")
+    r = ddp_run(ckcheck, "convnet_batchnorm", "torch", "--checks", "gradients,data-parallel", "--amp", amp)
     assert r.code == 1 and r.check("data-parallel")["status"] == "fail", r.out + r.err
     assert r.check("gradients")["status"] == "pass"
 
@@ -228,6 +231,37 @@ def test_the_ranks_listen_on_loopback_only(tmp_path):
     assert all(addr in LOOPBACK for _, addr in seen), seen
 
 
+def torchrun_nodes(program, node_args, report):
+    """Two torchrun launchers (--nnodes 2, one rank each) on loopback, node K with node_args[K]:
+    (exit status, stdout, stderr) of each."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "build", "python"), os.environ.get("PYTHONPATH", "")]))
+    launchers = []
+    for node, args in enumerate(node_args):
+        argv = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
+                str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), *program, *args,
+                "--timeout", "120", "--report", f"json={report}"]
+        launchers.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+    return [_finish(p) for p in launchers]
+
+
+def _finish(p):
+    out, err = p.communicate(timeout=240)
+    return p.returncode, out, err
+
+
+def test_ranks_that_disagree_on_the_plan_are_refused(tmp_path):
+    args = ["--model", f"{MODELS}:transformer", "--checkpoint", "torch", "--parallel", "ddp"]
+    results = torchrun_nodes(["-m", "ckcheck", "run"], [args + ["--policy", "every:1"], args + ["--policy", "none"]],
+                             tmp_path / "r.json")
+    code, out, err = results[0]
+    assert code != 0
+    assert "rank 1 runs model" in err and "policy none" in err and "start every rank with the same command" in err, err
+    assert not (tmp_path / "r.json").exists()
+
+
 @pytest.mark.parametrize("model", ["python", "builtin"])
 def test_two_torchrun_nodes_give_the_report_of_world_size_two(ckcheck, tmp_path, model):
     """Two torchrun launchers (--nnodes 2, one rank each) on loopback: torchrun's agent hosts the
@@ -240,20 +274,9 @@ def test_two_torchrun_nodes_give_the_report_of_world_size_two(ckcheck, tmp_path,
         program = ["--no-python", ckcheck_bin(), "run"]
     reference = ckcheck("run", *args, "--world-size", 2, "--timeout", 120)
     assert reference.code == 0, reference.out + reference.err
-    port = free_port()
     report = tmp_path / "torchrun.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(ROOT, "build", "python"), os.environ.get("PYTHONPATH", "")]))
-    launchers = []
-    for node in range(2):
-        argv = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
-                str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), *program, *args,
-                "--timeout", "120", "--report", f"json={report}"]
-        launchers.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-    for p in launchers:
-        out, err = p.communicate(timeout=240)
-        assert p.returncode == 0, out + err[-3000:]
+    for code, out, err in torchrun_nodes(program, [args, args], report):
+        assert code == 0, out + err[-3000:]
     got = json.loads(report.read_text())
     summary = lambda rep: [(c["id"], c["status"], c["summary"]) for c in rep["checks"]]
     assert summary(got) == summary(reference.report)

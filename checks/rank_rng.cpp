@@ -3,6 +3,7 @@
 #include <map>
 
 #include "checks/common.h"
+#include "harness/support/text.h"
 
 namespace ckcheck {
 namespace {
@@ -28,8 +29,9 @@ class RankRngCheck : public Check {
     for (const auto& k : ranks) {
       draws = draws || k.draws;
       if (!k.error.empty()) {
-        add_finding(r, {Cause::kRng, "", fmt::format("rank {}", k.rank), "the rank's step failed: " + k.error, ""});
-        continue;
+        // Its draws were not all seen: nothing to judge, and the error is not about random numbers.
+        return errored(id(), fmt::format("rank {}'s checkpointed step failed, so its random draws cannot be judged: {}",
+                                         k.rank, first_line(k.error)));
       }
       if (k.draws && !k.replayed) {
         add_finding(r, {Cause::kRng, k.first_draw, fmt::format("rank {}", k.rank),

@@ -308,6 +308,18 @@ TEST(ChecksOnRecords, RanksStartingFromOneRngStateFailAsRng) {
   }
 }
 
+TEST(ChecksOnRecords, ARankWhoseStepFailedIsNotJudgedForRng) {
+  for (bool failed : {true, false}) {
+    HandBuiltRecords h;
+    h.records.ranks = {{0, 42, true, true, failed ? "Expected to mark a variable ready only once.\nParameter ..." : ""},
+                       {1, 43, true, true, ""}};
+    const auto r = h.run(*make_check("rank-rng"));
+    EXPECT_EQ(r.status, failed ? Status::kError : Status::kPass) << r;
+    EXPECT_TRUE(r.findings.empty()) << r;
+    if (failed) EXPECT_EQ(r.summary.find('\n'), std::string::npos) << r;
+  }
+}
+
 // Two ranks without a process group: the check reads only the world size.
 class TwoRanks : public Collective {
  public:

@@ -88,6 +88,24 @@ def test_reentrant_checkpoint_on_a_frozen_input_lora_model_fails_the_hooks_check
     assert ok.code == 0 and ok.check("hooks")["status"] == "pass", ok.out + ok.err
 
 
+def test_reentrant_checkpoint_with_find_unused_parameters_marks_a_parameter_ready_twice(ckcheck, tmp_path):
+    # PyTorch: DDP stops the backward ("Expected to mark a variable ready only once"); with
+    # static_graph=True the same reentrant checkpoint trains.
+    assert "mark a variable ready only once" in pytorch_ddp(tmp_path, "transformer_find_unused", "torch-reentrant")[0]["error"]
+    assert not pytorch_ddp(tmp_path, "transformer_static_graph", "torch-reentrant")[0]["error"]
+    r = ddp_run(ckcheck, "transformer_find_unused", "torch-reentrant")
+    assert r.code == 1, r.out + r.err
+    hooks = r.check("hooks")
+    assert hooks["status"] == "fail" and [f["cause"] for f in hooks["findings"]] == ["hook-count"], hooks
+    finding = hooks["findings"][0]
+    assert finding["tensor"].startswith("blocks.") and finding["site"] in ("blocks.0", "blocks.1"), finding
+    assert "engine stopped the checkpointed step" in finding["message"]
+    assert r.check("gradients")["findings"][0]["cause"] == "hook-count"
+    assert r.check("rank-rng")["status"] == "error"  # a failed step's draws are not judged
+    ok = ddp_run(ckcheck, "transformer_static_graph", "torch-reentrant")
+    assert ok.code == 0, ok.out + ok.err
+
+
 def test_the_factorys_ddp_options_reach_the_engine(ckcheck, tmp_path):
     # find_unused_parameters=True: PyTorch's DDP goes on without the adapters' gradients.
     truth = pytorch_ddp(tmp_path, "lora_find_unused", "torch-reentrant")

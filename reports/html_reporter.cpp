@@ -16,6 +16,16 @@ th{background:#f3f3f3}.pass{color:#176b2c}.fail{color:#b00020;font-weight:bold}.
 .skip{color:#777}.error{color:#7b1fa2;font-weight:bold}code{background:#f5f5f5;padding:0 .2rem}
 .hint{color:#555;font-style:italic}.num{text-align:right;font-variant-numeric:tabular-nums})";
 
+// A row of a table of policies (bench's, plan's): the policy, its figures, the verdict of its
+// checks (coloured by it) and a note.
+std::string policy_row(const std::string& policy, const std::vector<std::string>& figures, const std::string& checks,
+                       const std::string& note) {
+  std::string row = fmt::format("<tr><td><code>{}</code></td>", escape_markup(policy));
+  for (const auto& f : figures) row += fmt::format("<td class=\"num\">{}</td>", f);
+  return row + fmt::format("<td class=\"{}\">{}</td><td>{}</td></tr>\n", checks == "-" ? "skip" : checks, checks,
+                           escape_markup(note));
+}
+
 class HtmlReporter : public Reporter {
  private:
   static void plan(const MemoryPlan& p, const std::string& run_command, std::ostream& out) {
@@ -34,12 +44,10 @@ class HtmlReporter : public Reporter {
     out << "<table><tr><th>plan</th><th>checkpointed</th><th>predicted peak</th><th>measured peak</th><th>error</th>"
            "<th>time x none predicted</th><th>measured [95%]</th><th>checks</th><th>outcome</th></tr>\n";
     for (const auto& row : plan_rows(p)) {
-      out << fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
-                         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td>"
-                         "<td>{}</td></tr>\n",
-                         escape_markup(row.policy), row.units, row.predicted_peak, row.measured_peak, row.peak_error,
-                         row.predicted_time, row.measured_time, row.checks == "-" ? "skip" : row.checks, row.checks,
-                         escape_markup(row.outcome));
+      out << policy_row(row.policy,
+                        {row.units, row.predicted_peak, row.measured_peak, row.peak_error, row.predicted_time,
+                         row.measured_time},
+                        row.checks, row.outcome);
     }
     out << "</table>\n";
     out << "<p><b>Recommendation:</b> " << escape_markup(plan_recommendation_text(p, "", "")) << ".</p>\n";
@@ -58,11 +66,8 @@ class HtmlReporter : public Reporter {
     out << "<table><tr><th>policy</th><th>checkpointed</th><th>peak above baseline</th><th>x none</th><th>analytic</th>"
            "<th>step time median [min..max]</th><th>x none</th><th>checks</th><th>note</th></tr>\n";
     for (const auto& row : bench_rows(b)) {
-      out << fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td>"
-                         "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"{}\">{}</td>"
-                         "<td>{}</td></tr>\n",
-                         escape_markup(row.policy), row.units, row.peak, row.peak_ratio, row.analytic, row.time,
-                         row.time_ratio, row.checks == "-" ? "skip" : row.checks, row.checks, escape_markup(row.note));
+      out << policy_row(row.policy, {row.units, row.peak, row.peak_ratio, row.analytic, row.time, row.time_ratio},
+                        row.checks, row.note);
     }
     out << "</table>\n";
     out << fmt::format("<p><b>Recommendation:</b> {} ({}).</p>\n",

@@ -33,7 +33,9 @@ class DataParallelCheck : public Check {
     if (!dp || !ctx.records.single_process) {
       return skipped(id(), "a single process (--world-size 1)");
     }
-    bool draws = false;
+    // Random numbers anywhere in the step (not only in checkpointed sites: under --policy none
+    // there are none).
+    bool draws = ctx.records.reference.forward_draws || ctx.records.checkpointed.forward_draws;
     for (const auto& c : ctx.records.checkpointed.calls) draws = draws || c.rng_consumed;
     if (ctx.records.probes) {
       for (const auto& p : *ctx.records.probes) draws = draws || p.rng_consumed || !p.random_ops.empty();

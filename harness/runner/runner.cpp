@@ -691,9 +691,11 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       for (int64_t mb = 1; mb <= config_.accumulate; ++mb) {
         if (tp) tp->set_phase(Phase::kForward);
         const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1), config_.input_requires_grad);
+        const auto rng_before = RngState::capture();
         quiet.reset();
         const auto outs = forward_under(autocast, model_, xs, sites);
         quiet.emplace();
+        record.forward_draws = record.forward_draws || RngState::capture() != rng_before;
         // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
         const auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, part);
         record_outputs(record, outs, up.loss, step, mb);

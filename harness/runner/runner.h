@@ -130,6 +130,7 @@ struct StepRecord {
   std::vector<OpRecord> ops;  // when traced
   std::vector<HookCount> hooks;  // when counted
   uint64_t rng_start = 0;     // fingerprint of the CPU generator's state as the step began
+  bool forward_draws = false;  // some forward of the run moved the default generators (dropout anywhere)
   std::string error;          // what the step threw, if it threw
   std::string output_structure;  // what the forward returned, without values ("" when the model cannot say)
   double seconds = 0.0;

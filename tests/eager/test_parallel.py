@@ -62,6 +62,16 @@ def test_transformer_under_ddp_with_a_non_reentrant_checkpoint_passes(ckcheck, t
     assert dp["status"] == "pass" and "averaged over 2 ranks" in dp["summary"]
 
 
+def test_dropout_outside_any_checkpoint_is_not_compared_with_one_process(ckcheck):
+    # Each rank draws its own masks, so one process cannot reproduce them, checkpointed sites or not.
+    r = ddp_run(ckcheck, "transformer_dropout", "torch", "--policy", "none")
+    assert r.code == 0, r.out + r.err
+    assert r.check("data-parallel")["status"] == "skip" and "draws random numbers" in r.check("data-parallel")["summary"]
+    # The control: without dropout the comparison is made.
+    ok = ddp_run(ckcheck, "transformer", "torch", "--policy", "none")
+    assert ok.code == 0 and ok.check("data-parallel")["status"] == "pass", ok.out + ok.err
+
+
 def test_world_size_four(ckcheck):
     r = ddp_run(ckcheck, "transformer", "torch", world=4)
     assert r.code == 0, r.out + r.err

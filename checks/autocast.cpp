@@ -26,10 +26,10 @@ double relative_error(const torch::Tensor& g, const torch::Tensor& g32) {
 }
 
 // Op i of a checkpointed call ran in another dtype or under another autocast state.
-Finding dtype_finding(const CallEvidence& c, size_t i) {
+Finding dtype_finding(const CallEvidence& c, size_t i, Cause cause) {
   auto at = [](const std::vector<std::string>& v, size_t k) { return k < v.size() ? v[k] : std::string("(none)"); };
   Finding f;
-  f.cause = Cause::kAutocast;
+  f.cause = cause;
   f.site = c.site;
   f.tensor = at(c.forward_ops, i);
   f.details = {{"op_index", i},
@@ -140,19 +140,50 @@ class AutocastCheck : public Check {
     return info;
   }
 
+  // Under FSDP2's mixed precision without autocast: the dtypes of the recompute's ops against the
+  // forward's; no AMP study (there is no fp32 autocast-off twin of an engine's precision).
+  CheckResult mixed_precision_result(const CheckContext& ctx, const std::string& mixed) const {
+    CheckResult r;
+    r.id = id();
+    std::set<std::string> reported;
+    size_t traced = 0;
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      if (!c.forward_dtypes.empty()) ++traced;
+      const auto idx = first_dtype_difference(c);
+      if (!idx || reported.count(c.site)) continue;
+      reported.insert(c.site);
+      add_finding(r, dtype_finding(c, *idx, Cause::kRecomputeDtype));
+    }
+    if (!r.findings.empty()) {
+      r.status = Status::kFail;
+      r.summary = fmt::format("{} recompute in other dtypes than their forward under FSDP2's mixed precision ({})",
+                              count_of(reported.size(), "site"), mixed);
+    } else if (traced == 0) {
+      return skipped(id(), "no checkpointed call's ops were traced");
+    } else {
+      r.summary = fmt::format("{} recompute their ops in the dtypes of their forward under FSDP2's mixed precision ({})",
+                              count_of(traced, "checkpointed call"), mixed);
+    }
+    return r;
+  }
+
   CheckResult run(const CheckContext& ctx) const override {
     CheckResult r;
     r.id = id();
+    if (auto compiled = skipped_when_compiled(id(), ctx)) return *compiled;
+    // FSDP2's mixed precision casts the parameters, not autocast: the recompute must run each op
+    // in the dtype its forward did (the dtype-loss class of FSDP2 with activation checkpointing).
+    const auto mixed = engine_mixed_precision(ctx.config.data_parallel);
+    if (ctx.config.amp == Amp::kOff && mixed != "off") return mixed_precision_result(ctx, mixed);
     if (ctx.config.amp == Amp::kOff) {
       return skipped(id(), "AMP is off (--amp bf16 on the CPU; fp16 or bf16 on CUDA)");
     }
-    if (auto compiled = skipped_when_compiled(id(), ctx)) return *compiled;
     std::set<std::string> reported;
     for (const auto& c : ctx.records.checkpointed.calls) {
       const auto idx = first_dtype_difference(c);
       if (!idx || reported.count(c.site)) continue;
       reported.insert(c.site);
-      add_finding(r, dtype_finding(c, *idx));
+      add_finding(r, dtype_finding(c, *idx, Cause::kAutocast));
     }
     const bool mismatch = !r.findings.empty();
     const auto study = study_precision(ctx, r);

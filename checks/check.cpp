@@ -21,6 +21,10 @@ constexpr CauseWord kInPlaceWord{"in-place",
 constexpr CauseWord kAutocastWord{"autocast",
     "restore autocast in the recompute (restore_autocast, the default) and keep the "
     "segment's precision independent of grad mode"};
+constexpr CauseWord kRecomputeDtypeWord{"recompute-dtype",
+    "recompute in the forward's dtype: checkpoint inside the FSDP unit (checkpoint_wrapper or "
+    "checkpoint on the block, then fully_shard) so the recompute gets the same mixed-precision "
+    "parameters, and never choose a segment's dtype by call count or grad mode"};
 constexpr CauseWord kNonDeterministicWord{"non-deterministic",
     "exclude the non-deterministic op or module from checkpointing (keep its "
     "activations), or make it deterministic"};
@@ -70,6 +74,7 @@ constexpr CauseWord kReentrantNoGradWord{"reentrant-no-grad",
 const Cause Cause::kRng{kRngWord};
 const Cause Cause::kInPlace{kInPlaceWord};
 const Cause Cause::kAutocast{kAutocastWord};
+const Cause Cause::kRecomputeDtype{kRecomputeDtypeWord};
 const Cause Cause::kNonDeterministic{kNonDeterministicWord};
 const Cause Cause::kStateful{kStatefulWord};
 const Cause Cause::kBufferUpdate{kBufferUpdateWord};
@@ -92,7 +97,7 @@ const std::vector<Cause>& all_causes() {
                             Cause::kStateful,    Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
                             Cause::kVacuous,     Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
                             Cause::kGradApi,     Cause::kUnexplained,  Cause::kAccumulationOrder,
-                            Cause::kReentrantNoGrad};
+                            Cause::kReentrantNoGrad, Cause::kRecomputeDtype};
     for (const auto& c : builtin_checks()) v.insert(v.end(), c->info().causes.begin(), c->info().causes.end());
     return v;
   }();

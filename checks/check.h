@@ -61,6 +61,7 @@ class Cause {
   static const Cause kUnexplained;       // unexplained: the recompute differs and no check found why
   static const Cause kAccumulationOrder; // accumulation-order: gradients differ by rounding only, summed in another order
   static const Cause kReentrantNoGrad;   // reentrant-no-grad: something kept from a forward run without autograd
+  static const Cause kRecomputeDtype;    // recompute-dtype: the recompute ran in another dtype, autocast off (FSDP2 mixed precision)
 
  private:
   const CauseWord* word_;

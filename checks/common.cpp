@@ -192,6 +192,7 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
   // PyTorch's message says what went wrong where ckcheck's evidence is silent; for a CheckpointError
   // it also says more than state evidence (state changed before the recompute) or no evidence.
   auto meaning = grad_api ? std::nullopt : pytorch_error_meaning(error);
+  if (meaning && meaning->cause == Cause::kAutocast) meaning->cause = dtype_cause(ctx);
   if (meaning && !explained.empty()) {
     const auto& by_evidence = explained.front().cause;
     const bool vaguer = by_evidence == Cause::kInPlace || by_evidence == Cause::kUnexplained;

@@ -46,10 +46,14 @@ class DataParallelCheck : public Check {
     // Under autocast the products are rounded to bf16 or fp16, where the ranks' and the whole
     // batch's rows are summed in other groupings: differences of a few units in the last place of
     // the gradient's largest values, so the bound is relative to those.
-    const double amp_eps = ctx.config.amp == Amp::kBf16 ? 0.0078125 : ctx.config.amp == Amp::kFp16 ? 0.0009765625 : 0.0;
+    // FSDP2's mixed precision computes the whole step in bf16 or fp16 alike, against a float32
+    // process.
+    const std::string mixed = dp->engine() ? dp->engine()->engine_mixed_precision() : "off";
+    const std::string precision = mixed != "off" ? mixed : ctx.config.amp == Amp::kOff ? "off" : amp_name(ctx.config.amp);
+    const double amp_eps = precision == "bf16" ? 0.0078125 : precision == "fp16" ? 0.0009765625 : 0.0;
     const std::string tolerance_text =
-        amp_eps > 0 ? fmt::format("rtol={:g},atol={:g} x the largest whole-batch value (autocast {})", 4 * amp_eps,
-                                  4 * amp_eps, amp_name(ctx.config.amp))
+        amp_eps > 0 ? fmt::format("rtol={:g},atol={:g} x the largest whole-batch value ({} {})", 4 * amp_eps,
+                                  4 * amp_eps, mixed != "off" ? "mixed precision" : "autocast", precision)
                     : kTolerance;
     const auto& alone = *ctx.records.single_process;
     if (!alone.error.empty()) {

@@ -16,6 +16,11 @@ const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site) {
   return nullptr;
 }
 
+Cause dtype_cause(const CheckContext& ctx) {
+  return ctx.config.amp == Amp::kOff && engine_mixed_precision(ctx.config.data_parallel) != "off" ? Cause::kRecomputeDtype
+                                                                                                  : Cause::kAutocast;
+}
+
 std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
   if (c.forward_dtypes.empty() && c.recompute_dtypes.empty()) return std::nullopt;
   if (!c.recomputed) return std::nullopt;
@@ -135,7 +140,7 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
       } else if (c.rng_consumed && (!ctx.config.checkpoint.preserve_rng_state || !c.rng_replayed)) {
         found = SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
       } else if (first_dtype_difference(c)) {
-        found = SiteExplanation{site, Cause::kAutocast, "the recompute runs its ops in other dtypes than the forward"};
+        found = SiteExplanation{site, dtype_cause(ctx), "the recompute runs its ops in other dtypes than the forward"};
       } else if (probe && !probe->repeat_equal && probe->restart_equal) {
         found = SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
       } else if (probe && !probe->restart_equal) {

@@ -25,6 +25,10 @@ extern const char* const kCompiledRngHint;
 const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site);
 
 /// The first index at which the forward's and the recompute's op dtypes differ, if they do.
+/// The cause of a recompute in other dtypes than its forward: recompute-dtype where the engine
+/// casts the parameters (FSDP2's mixed precision) and AMP is off, else autocast.
+Cause dtype_cause(const CheckContext& ctx);
+
 std::optional<size_t> first_dtype_difference(const CallEvidence& call);
 
 /// True when a call's recompute did not reproduce its forward outputs bitwise.

@@ -37,6 +37,9 @@ class HooksCheck : public Check {
                                ? "no gradient hook was counted"
                                : "the checkpointed step failed before its hooks could be counted");
     }
+    // FSDP2 counts its own hooks, one per gradient it reduced; DDP's reducer marks parameters ready.
+    const auto* dp = ctx.config.data_parallel;
+    const bool fsdp = dp && dp->engine() && dp->engine()->engine() == "fsdp";
     size_t counted = 0;
     for (const auto& h : ckpt) {
       ++counted;
@@ -49,11 +52,15 @@ class HooksCheck : public Check {
       f.details = {{"fires", h.fires}, {"plain_fires", expected}, {"step", h.step}};
       f.message = h.fires > expected
                       ? fmt::format("the gradient hook of {} fires {} times in one backward under "
-                                    "checkpointing ({} plain): DDP would mark it ready twice and stop",
-                                    h.name, h.fires, expected)
-                      : fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): "
-                                    "DDP {} for it",
-                                    h.name, expected, engine_stopped ? "stopped the step waiting" : "would wait forever");
+                                    "checkpointing ({} plain): {}",
+                                    h.name, h.fires, expected,
+                                    fsdp ? "FSDP2 reduced its gradient more than once" : "DDP would mark it ready twice and stop")
+                  : fsdp ? fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): FSDP2 "
+                                       "never reduced a gradient for it",
+                                       h.name, expected)
+                         : fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): "
+                                       "DDP {} for it",
+                                       h.name, expected, engine_stopped ? "stopped the step waiting" : "would wait forever");
       add_finding(r, f);
     }
     if (r.findings.empty() && engine_stopped) {

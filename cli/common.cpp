@@ -160,14 +160,24 @@ const OptionTable<ModelArgs>& model_option_table() {
                     .group(kPolicies)
                     .config("offload"));
     t.push_back(OptionRow<ModelArgs>("--parallel",
-                                     "off, or ddp: with --world-size N (or under torchrun), train the Python model "
-                                     "data-parallel in PyTorch's DistributedDataParallel (its options from the "
-                                     "factory's 'ddp' dict), Gloo over loopback on the CPU; compared with one process "
-                                     "on the whole batch and with the plain step under DDP",
+                                     "off, ddp or fsdp: with --world-size N (or under torchrun), train the Python model "
+                                     "data-parallel in PyTorch's DistributedDataParallel (ddp; options from the "
+                                     "factory's 'ddp' dict) or sharded by FSDP2's fully_shard on each block and the "
+                                     "root (fsdp; the factory's 'fsdp' dict: reshard_after_forward, modules), Gloo "
+                                     "over loopback on the CPU; compared with one process on the whole batch and with "
+                                     "the plain step under the same engine",
                                      &ModelArgs::parallel)
-                    .check(CLI::IsMember({"off", "ddp"}))
+                    .check(CLI::IsMember({"off", "ddp", "fsdp"}))
                     .group(kParallel)
                     .config("parallel"));
+    t.push_back(OptionRow<ModelArgs>("--mixed-precision",
+                                     "off, bf16 or fp16: under --parallel fsdp, FSDP2's MixedPrecisionPolicy with the "
+                                     "parameters in that dtype and gradients reduced in float32 (the one-process "
+                                     "reference stays in float32, compared within that precision)",
+                                     &ModelArgs::mixed_precision)
+                    .check(CLI::IsMember({"off", "bf16", "fp16"}))
+                    .group(kParallel)
+                    .config("mixed_precision"));
     t.push_back(OptionRow<ModelArgs>("--input-requires-grad",
                                      "make every floating-point input require grad and compare input gradients "
                                      "(default: inputs as the model gives them -- a training batch does not require "
@@ -207,7 +217,8 @@ namespace {
 // --offload where the command does not take it, and less --steps for those that count their own.
 std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps, bool with_offload) {
   return [with_policy, with_steps, with_offload](const OptionRow<ModelArgs>& row) {
-    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget" && row.flag() != "--parallel")) &&
+    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget" &&
+                            row.flag() != "--parallel" && row.flag() != "--mixed-precision")) &&
            (with_offload || row.flag() != "--offload") && (with_steps || row.flag() != "--steps");
   };
 }
@@ -300,12 +311,17 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, Checkp
                                    "ckcheck Python package installed", args.model));
     }
     if (world_size > 1 && args.parallel == "off") {
-      throw UsageError("a Python model trains data-parallel in PyTorch's own engine: add --parallel ddp to --world-size");
+      throw UsageError("a Python model trains data-parallel in PyTorch's own engines: add --parallel ddp or "
+                       "--parallel fsdp to --world-size");
     }
     if (args.parallel != "off" && world_size <= 1 && !std::getenv("WORLD_SIZE")) {
       throw UsageError(fmt::format("--parallel {} trains on several ranks: add --world-size N (2 or more), or start "
                                    "ckcheck under torchrun",
                                    args.parallel));
+    }
+    if (args.mixed_precision != "off" && args.parallel != "fsdp") {
+      throw UsageError("--mixed-precision is FSDP2's MixedPrecisionPolicy; add --parallel fsdp (in one process, "
+                       "autocast is --amp)");
     }
     if (!args.sac_save.empty() && args.checkpoint != "torch-sac") {
       throw UsageError("--sac-save is the op policy of selective checkpointing; add --checkpoint torch-sac");
@@ -318,7 +334,8 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, Checkp
   }
   for (const auto& [given_flag, python_only] : {std::pair<const char*, bool>{"--sac-save", !args.sac_save.empty()},
                                                 {"--offload", args.offload != "off"},
-                                                {"--parallel", args.parallel != "off"}}) {
+                                                {"--parallel", args.parallel != "off"},
+                                                {"--mixed-precision", args.mixed_precision != "off"}}) {
     if (python_only) {
       throw UsageError(fmt::format("{} applies to Python models (--model FILE.py:make_model); {} is not one", given_flag,
                                    args.model));

@@ -49,10 +49,12 @@ struct ModelArgs {
   // activation offloading of the checkpointed step: off or cpu (Python models).
   std::string sac_save;
   std::string offload = "off";
-  // Data-parallel training through PyTorch's own engine (Python models): off or ddp; the limit a
+  // Data-parallel training through PyTorch's own engines (Python models): off, ddp or fsdp; the limit a
   // rank's process group waits, in seconds (the run's --timeout).
   std::string parallel = "off";
   int parallel_timeout = 300;
+  // Under --parallel fsdp: the parameters' dtype of FSDP2's MixedPrecisionPolicy (off, bf16, fp16).
+  std::string mixed_precision = "off";
 
   // Filled by add_model_args: the per-model options (--layers, --hidden, ...).
   std::map<std::string, std::string> raw_options;

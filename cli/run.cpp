@@ -375,7 +375,8 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
     auto* engine = dynamic_cast<ParallelEngine*>(model.get());
     if (engine && !engine->engine().empty()) {
       if (config.device.is_cuda()) {
-        throw UsageError("--parallel ddp runs on the CPU (Gloo) in this version; drop --device or --parallel");
+        throw UsageError(fmt::format("--parallel {} runs on the CPU (Gloo) in this version; drop --device or --parallel",
+                                     engine->engine()));
       }
       // PyTorch's engine reduces; its process group gathers what the ranks saw.
       collective = mark_waits(engine->engine_collective());

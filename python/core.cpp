@@ -356,6 +356,16 @@ class PythonModel : public Model, public ParallelEngine {
     IntoPython gil;
     adapter_.attr("engine_step_done")();
   }
+  std::string engine_mixed_precision() const override {
+    IntoPython gil;
+    return adapter_.attr("mixed_precision").cast<std::string>();
+  }
+  std::optional<std::vector<int64_t>> engine_hook_fires() override {
+    IntoPython gil;
+    const py::object fires = adapter_.attr("engine_hook_fires")();
+    if (fires.is_none()) return std::nullopt;
+    return fires.cast<std::vector<int64_t>>();
+  }
 
   std::vector<Tensor> checkpoint_unit(const SiteFn& fn, const std::vector<Tensor>& inputs,
                                       const CheckpointOptions& o) override {
@@ -476,6 +486,7 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
     policy["offload"] = args.offload;
     policy["parallel"] = args.parallel;
     policy["parallel_timeout"] = args.parallel_timeout;
+    policy["mixed_precision"] = args.mixed_precision;
     const py::object spec = given_model ? given_model->factory : py::cast(args.model);
     auto adapter = py::module_::import("ckcheck._model")
                        .attr("load")(spec, args.seed, inputs, args.checkpoint, args.mode, compile, policy);

@@ -88,6 +88,14 @@ void DataParallel::reduce_bucket(size_t b) {
   reduced_[b] = true;
 }
 
+std::string engine_mixed_precision(const DataParallel* dp) {
+  return dp && dp->engine() ? dp->engine()->engine_mixed_precision() : "off";
+}
+
+std::optional<std::vector<int64_t>> DataParallel::hook_fires() const {
+  return engine_ ? engine_->engine_hook_fires() : std::nullopt;
+}
+
 void DataParallel::end_step(const NamedTensors& params) {
   if (engine_) {
     engine_->engine_step_done();

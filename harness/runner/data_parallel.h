@@ -55,7 +55,16 @@ class ParallelEngine {
   /// After a step's backward: throws, with the engine's own message, when it did not finish the
   /// step's reduction (a parameter whose gradient never came).
   virtual void engine_step_done() = 0;
+  /// After a backward through the engine: each parameter's gradient hook count, where the engine
+  /// fires hooks of its own in place of the parameters' (nullopt: the parameters' hooks fire).
+  virtual std::optional<std::vector<int64_t>> engine_hook_fires() { return std::nullopt; }
+  /// The dtype the engine computes in where it casts the parameters itself (FSDP2's mixed
+  /// precision: "bf16", "fp16"), or "off".
+  virtual std::string engine_mixed_precision() const { return "off"; }
 };
+
+/// The engine's mixed precision ("bf16", "fp16") where a data-parallel run has one, else "off".
+std::string engine_mixed_precision(const class DataParallel* dp);
 
 /// Data parallelism as a participant of the step: the Runner shards, seeds and reduces through it.
 class DataParallel : public StepParticipant {
@@ -85,6 +94,7 @@ class DataParallel : public StepParticipant {
   void gradient_ready(size_t index, const torch::Tensor& grad) override;
   /// After the backward: reduce what is left, and leave every gradient averaged over the ranks.
   void end_step(const NamedTensors& params) override;
+  std::optional<std::vector<int64_t>> hook_fires() const override;
   void begin_run() override;
   void end_run() override;
 

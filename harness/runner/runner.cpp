@@ -508,10 +508,13 @@ class ParameterHooks {
   ParameterHooks(const ParameterHooks&) = delete;
   ParameterHooks& operator=(const ParameterHooks&) = delete;
 
-  void record(StepRecord& record, int64_t step, int64_t micro_batch) const {
+  void record(StepRecord& record, int64_t step, int64_t micro_batch, const StepParticipant& part) const {
     if (hooks_.empty()) return;
+    // An engine that runs hooks of its own (FSDP2 on its shards) counts them itself.
+    const auto engine = part.hook_fires();
+    const auto& fires = engine && engine->size() == fires_.size() ? *engine : fires_;
     for (size_t k = 0; k < params_.size(); ++k) {
-      if (params_[k].second.requires_grad()) record.hooks.push_back({params_[k].first, step, fires_[k], micro_batch});
+      if (params_[k].second.requires_grad()) record.hooks.push_back({params_[k].first, step, fires[k], micro_batch});
     }
   }
 
@@ -706,7 +709,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
           quiet.reset();
           if (!up.roots.empty()) torch::autograd::backward(up.roots, up.grads);
           quiet.emplace();
-          hooks.record(record, step, mb);
+          hooks.record(record, step, mb, part);
         }
         keep_input_grads(input_grads, xs, step, mb);
         if (mb < config_.accumulate) record_partial_grads(record, params, step, mb);
@@ -888,7 +891,9 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   r.reference = run_timed(nullptr, plain, "reference");
   StepOptions ckpt;
   ckpt.count_hooks = needs.hooks;
-  if (needs.dtype_trace && config_.amp != Amp::kOff) ckpt.trace = TraceLevel::kDtypes;
+  if (needs.dtype_trace && (config_.amp != Amp::kOff || engine_mixed_precision(config_.data_parallel) != "off")) {
+    ckpt.trace = TraceLevel::kDtypes;
+  }
   r.checkpointed = run_timed(&plan, ckpt, "checkpointed");
   if (needs.amp_study && config_.amp != Amp::kOff) {
     StepOptions fp32 = plain;

@@ -7,6 +7,8 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "ckcheck/model.h"
 
@@ -29,6 +31,9 @@ class StepParticipant {
   virtual void gradient_ready(size_t index, const torch::Tensor& grad) {}
   /// After the step's backwards, before its gradients are recorded.
   virtual void end_step(const NamedTensors& params) {}
+  /// How often each parameter's gradient hook fired in the last backward, where an engine fires
+  /// hooks of its own in place of the parameters' (FSDP2's on its shards); nullopt otherwise.
+  virtual std::optional<std::vector<int64_t>> hook_fires() const { return std::nullopt; }
   /// Around every run of steps it takes part in (end_run also when a step threw).
   virtual void begin_run() {}
   virtual void end_run() {}

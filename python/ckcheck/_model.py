@@ -156,10 +156,10 @@ def _parse_result(result):
         parts["model"] = result
     elif isinstance(result, dict):
         unknown = set(result) - {"model", "inputs", "args", "kwargs", "loss", "enable", "disable", "context_fn",
-                                 "offload", "ddp"}
+                                 "offload", "ddp", "fsdp"}
         if unknown:
             raise UsageError(f"the factory's dict has unknown keys {sorted(unknown)}; "
-                             "known: model, inputs, args, kwargs, loss, enable, disable, context_fn, offload, ddp")
+                             "known: model, inputs, args, kwargs, loss, enable, disable, context_fn, offload, ddp, fsdp")
         parts = dict(result)
     elif isinstance(result, (tuple, list)) and 2 <= len(result) <= 3:
         parts["model"], parts["inputs"] = result[0], result[1]
@@ -188,7 +188,8 @@ def _parse_result(result):
     for key in ("loss", "enable", "disable", "context_fn", "offload"):
         if parts.get(key) is not None and not callable(parts[key]):
             raise UsageError(f"the factory's '{key}' must be callable")
-    extras = {"context_fn": parts.get("context_fn"), "offload": parts.get("offload"), "ddp": parts.get("ddp")}
+    extras = {"context_fn": parts.get("context_fn"), "offload": parts.get("offload"), "ddp": parts.get("ddp"),
+              "fsdp": parts.get("fsdp")}
     return module, args, kwargs, parts.get("loss"), parts.get("enable"), parts.get("disable"), extras
 
 
@@ -255,6 +256,11 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     if parallel != "off" and compile_opts is not None:
         raise UsageError("--parallel applies to eager training; drop --compile or --parallel")
     ddp_options = _parallel.check_ddp_options(extras["ddp"])
+    fsdp_options = _parallel.check_fsdp_options(extras["fsdp"])
+    if parallel == "fsdp" and any(type(p).__name__ == "DTensor" for p in module.parameters()):
+        raise UsageError("the factory's model is sharded already (its parameters are DTensors); return it whole: "
+                         "ckcheck shards a copy with fully_shard (the factory's 'fsdp' dict: reshard_after_forward, "
+                         "modules)")
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "model")
     adapter = ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts, context_fn,
                            (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"))
@@ -262,7 +268,12 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     # ranks (no RANK yet) only checks the model.
     if parallel != "off" and "RANK" in os.environ:
         try:
-            adapter.attach_engine(_parallel.Engine(module, ddp_options, int(policy_opts.get("parallel_timeout", 300))))
+            timeout = int(policy_opts.get("parallel_timeout", 300))
+            if parallel == "fsdp":
+                engine = _parallel.FsdpEngine(adapter, fsdp_options, timeout, policy_opts.get("mixed_precision", "off"))
+            else:
+                engine = _parallel.Engine(module, ddp_options, timeout)
+            adapter.attach_engine(engine)
         except BaseException:
             adapter.close()
             raise
@@ -526,8 +537,8 @@ class ModelAdapter:
 
     @property
     def parallel(self):
-        """The engine's name ("ddp"), or "" without one."""
-        return "ddp" if self._engine is not None else ""
+        """The engine's name ("ddp", "fsdp"), or "" without one."""
+        return self._engine.name if self._engine is not None else ""
 
     @property
     def process_group(self):
@@ -538,6 +549,62 @@ class ModelAdapter:
 
     def engine_step_done(self):
         self._engine.step_done()
+
+    @property
+    def mixed_precision(self):
+        """FSDP2's parameter dtype under --mixed-precision ("bf16", "fp16"), or "off"."""
+        return getattr(self._engine, "mixed_precision", "off")
+
+    def engine_hook_fires(self):
+        """The engine's count of each parameter's gradient hook in the last backward (named_parameters
+        order), or None where the parameters' own hooks fire."""
+        return self._engine.hook_fires()
+
+    def twin_module(self):
+        """A copy of the module to train in an engine that changes its modules in place (FSDP2's
+        fully_shard), its forwards going through the runner's sites as the module's do."""
+        self._unwrap_forwards()
+        try:
+            twin = copy.deepcopy(self.module)
+        except Exception as e:
+            raise UsageError(_failure("--parallel fsdp shards a copy of the model, and copy.deepcopy failed", e)) from e
+        finally:
+            self._wrap_modules()
+        for path, m in twin.named_modules():
+            if path:
+                had_own = "forward" in vars(m)
+                m.forward = self._wrapped(path, m.forward)
+                m.forward._ckcheck_had_own = had_own
+                self._names[id(m)] = path
+        self._twin = twin
+        return twin
+
+    def blocks(self):
+        """The model's blocks (module paths), as the default sites find them."""
+        return self._block_sites(self.sites)
+
+    def copy_state(self, src, dst):
+        """The state attributes of the module, read in `src` and set in `dst` (the module and its
+        twin, either way round)."""
+        for path, _, key, _ in self._attributes():
+            value = getattr(src.get_submodule(path), key)
+            target = dst.get_submodule(path)
+            if isinstance(value, torch.Generator):
+                getattr(target, key).set_state(value.get_state())
+            else:
+                setattr(target, key, _copy_value(value))
+
+    def _sync_switch(self, twin):
+        """The model's own switch as set on the module, on its twin."""
+        for m, key, _ in self._switch_before:
+            path = "" if m is self.module else self._names.get(id(m))
+            if path is None:
+                continue
+            target = twin.get_submodule(path)
+            if key in vars(m):
+                setattr(target, key, vars(m)[key])
+            else:
+                vars(target).pop(key, None)
 
     def _compile(self, opts):
         """--compile: the steps run through torch.compile; the modules get their own forwards back
@@ -937,6 +1004,10 @@ class ModelAdapter:
             (self._enable if checkpointing else self._disable)()
             self._switch_on = checkpointing
             _tap_stored_checkpoints(self.module)
+            twin = getattr(self._engine, "sharded", None)
+            if twin is not None:
+                self._sync_switch(twin)
+                _tap_stored_checkpoints(twin)
             _ACTIVE.append(self)
         # Kept after the forward: the backward's recomputes call the modules again.
         self._call_site = call_site

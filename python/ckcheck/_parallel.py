@@ -1,4 +1,4 @@
-"""Data-parallel training in PyTorch's own engine (--parallel ddp).
+"""Data-parallel and sharded training in PyTorch's own engines (--parallel ddp|fsdp).
 
 A rank joins a torch.distributed process group from the variables its launcher set (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT): ckcheck's own launcher (`--world-size N`, ranks meeting on
@@ -6,8 +6,12 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT): ckcheck's own launcher (`--world-size N`,
 (PyTorch's own store server listens on every interface); under torchrun the agent's store is
 joined instead. Gloo's connections stay on loopback for ranks on one machine.
 
-The engine wraps the user's module in DistributedDataParallel with the factory's options; the
-runner's steps go through it, except the single-process reference, which runs the bare module.
+`ddp` wraps the user's module in DistributedDataParallel with the factory's options; the runner's
+steps go through it, except the single-process reference, which runs the bare module. `fsdp`
+shards a copy of the module with FSDP2's fully_shard (its blocks, then the root): fully_shard turns
+a module's parameters into DTensor shards in place, and the runner keeps comparing full tensors
+-- the user's module stays whole, runs the single-process reference, and holds the full gradients
+the sharded copy's step produced.
 """
 
 import datetime
@@ -22,19 +26,40 @@ DDP_OPTIONS = ("find_unused_parameters", "static_graph", "broadcast_buffers", "b
                "gradient_as_bucket_view", "output_device", "device_ids", "init_sync")
 
 
-def check_ddp_options(options):
-    """The factory's 'ddp' dict, checked: a UsageError names an unknown key."""
+# The options of fully_shard a factory may set (its 'fsdp' dict), and 'modules': the module paths
+# sharded before the root (default: the model's blocks).
+FSDP_OPTIONS = ("reshard_after_forward", "modules")
+
+# --mixed-precision: the parameters' dtype of FSDP2's MixedPrecisionPolicy (gradients reduce in fp32).
+MIXED_PRECISION = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_options(key, options, known, what):
+    """The factory's `key` dict of `what` options, checked: a UsageError names an unknown key."""
     from ckcheck._model import UsageError
 
     if options is None:
         return {}
     if not isinstance(options, dict):
-        raise UsageError(f"the factory's 'ddp' must be a dict of DistributedDataParallel options, not "
-                         f"{type(options).__name__}")
-    unknown = sorted(set(options) - set(DDP_OPTIONS))
+        raise UsageError(f"the factory's '{key}' must be a dict of {what} options, not {type(options).__name__}")
+    unknown = sorted(set(options) - set(known))
     if unknown:
-        raise UsageError(f"the factory's 'ddp' has unknown keys {unknown}; known: {', '.join(DDP_OPTIONS)}")
+        raise UsageError(f"the factory's '{key}' has unknown keys {unknown}; known: {', '.join(known)}")
     return dict(options)
+
+
+def check_ddp_options(options):
+    return check_options("ddp", options, DDP_OPTIONS, "DistributedDataParallel")
+
+
+def check_fsdp_options(options):
+    from ckcheck._model import UsageError
+
+    options = check_options("fsdp", options, FSDP_OPTIONS, "fully_shard")
+    modules = options.get("modules")
+    if modules is not None and (isinstance(modules, str) or not all(isinstance(m, str) for m in modules)):
+        raise UsageError("the factory's fsdp 'modules' must be a list of module paths, as ['layers.0', 'layers.1']")
+    return options
 
 
 def _listen(host, port):
@@ -106,6 +131,8 @@ class Engine:
     """DistributedDataParallel around the module, made when the first engine step begins (every
     rank begins it together) and made again after a step the reducer did not finish."""
 
+    name = "ddp"
+
     def __init__(self, module, options, timeout_s):
         self.module = module
         self.options = options
@@ -134,6 +161,130 @@ class Engine:
             self.wrapper = None
             raise
 
+    def hook_fires(self):
+        """DDP's reducer fires the parameters' own gradient hooks: the runner counts them."""
+        return None
+
     def close(self):
         self.wrapper = None
+        self.group.close()
+
+
+class FsdpEngine:
+    """FSDP2 on a copy of the user's module, made when the first engine step begins.
+
+    The user's module (what the runner reads and the single-process reference trains) is loaded
+    into the copy's shards before each engine forward; after the step, the copy's gradients,
+    gathered whole (DTensor.full_tensor, every rank together), its buffers and its state
+    attributes go back to the module. The parameters' gradient hooks are counted on the shards:
+    FSDP2 runs their post-accumulate hooks once it has reduced a gradient."""
+
+    name = "fsdp"
+
+    def __init__(self, adapter, options, timeout_s, mixed_precision="off"):
+        self.adapter = adapter
+        self.module = adapter.module
+        self.options = options
+        self.mixed_precision = mixed_precision
+        self.param_dtype = MIXED_PRECISION[mixed_precision]
+        self.group = ProcessGroup(timeout_s, next((p.device.type for p in self.module.parameters()), "cpu"))
+        self.sharded = None
+        self.on = False
+        self._finished = True  # the copy's last step ran to its end
+        self._fires = []
+
+    def _build(self):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from ckcheck._model import UsageError
+
+        twin = self.adapter.twin_module()
+        policy = (MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
+                  if self.param_dtype is not None else MixedPrecisionPolicy())
+        kwargs = {"mp_policy": policy}
+        if "reshard_after_forward" in self.options:
+            kwargs["reshard_after_forward"] = self.options["reshard_after_forward"]
+        paths = self.options.get("modules")
+        paths = list(paths) if paths is not None else self.adapter.blocks()
+        for path in paths:
+            try:
+                block = twin.get_submodule(path)
+            except AttributeError as e:
+                raise UsageError(f"the factory's fsdp 'modules' names {path!r}, which the model does not have") from e
+            if any(True for _ in block.parameters()):
+                fully_shard(block, **kwargs)
+        fully_shard(twin, **kwargs)
+        self.sharded = twin
+        self.shards = dict(twin.named_parameters())
+        self.names = [n for n, _ in self.module.named_parameters()]
+        self._fires = [0] * len(self.names)
+        for k, n in enumerate(self.names):
+            if self.shards[n].requires_grad:
+                self.shards[n].register_post_accumulate_grad_hook(lambda _p, k=k: self._fired(k))
+
+    def _fired(self, k):
+        self._fires[k] += 1
+
+    def use(self, on):
+        self.on = on
+        if on and self.sharded is not None and not self._finished:
+            # A step that stopped inside FSDP2's backward leaves its state mid-step: shard afresh.
+            self.sharded = None
+        if on and self.sharded is None:
+            self._build()
+        if on:
+            for p in self.shards.values():
+                p.grad = None
+
+    def _load(self):
+        """The user's module into the copy: its parameters as this rank's shards, its buffers and
+        state attributes as they are."""
+        from torch.distributed.tensor import distribute_tensor
+
+        with torch.no_grad():
+            for n, p in self.module.named_parameters():
+                s = self.shards[n]
+                local = distribute_tensor(p.detach(), s.device_mesh, s.placements, src_data_rank=None).to_local()
+                s.to_local().copy_(local)
+            self._copy_buffers(self.module, self.sharded)
+        self.adapter.copy_state(self.module, self.sharded)
+        self._fires = [0] * len(self.names)
+
+    @staticmethod
+    def _copy_buffers(src, dst):
+        theirs = dict(dst.named_buffers())
+        for n, b in src.named_buffers():
+            if n in theirs and theirs[n] is not b:
+                theirs[n].copy_(b)
+
+    def __call__(self, *args, **kwargs):
+        if not self.on:
+            return self.module(*args, **kwargs)
+        self._load()
+        self._finished = False
+        return self.sharded(*args, **kwargs)
+
+    def step_done(self):
+        """The copy's step into the user's module: full gradients, buffers, state attributes."""
+        if not self.on or self.sharded is None:
+            return
+        with torch.no_grad():
+            for n, p in self.module.named_parameters():
+                g = self.shards[n].grad
+                if g is not None and hasattr(g, "full_tensor"):
+                    g = g.full_tensor()
+                p.grad = None if g is None else g.to(p.dtype)
+                self.shards[n].grad = None
+        self._finished = True
+        with torch.no_grad():
+            self._copy_buffers(self.sharded, self.module)
+        self.adapter.copy_state(self.sharded, self.module)
+
+    def hook_fires(self):
+        """How often each parameter's gradient hook fired in the last backward (FSDP2 runs the
+        shards' post-accumulate hooks once it reduced their gradients), in named_parameters order."""
+        return list(self._fires) if self.on and self.sharded is not None else None
+
+    def close(self):
+        self.sharded = None
         self.group.close()

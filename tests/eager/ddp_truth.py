@@ -19,24 +19,35 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
 
 
-def main(path, factory, mode, out):
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def made_by(path, factory):
+    """What the fixture file's factory returns, under the seed ckcheck gives it."""
     sys.path.insert(0, os.path.dirname(path))
     spec = importlib.util.spec_from_file_location("fixture", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     torch.manual_seed(0)
-    made = getattr(module, factory)()
+    return getattr(module, factory)()
+
+
+def join():
+    """(rank, world size) of this process, in a Gloo group on 127.0.0.1."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    return rank, world
+
+
+def main(path, factory, mode, out):
+    made = made_by(path, factory)
     if isinstance(made, dict):
         model, x, options = made["model"], made["inputs"], made.get("ddp", {})
     else:
         (model, x), options = made, {}
     if mode != "none":
         for i, block in enumerate(model.blocks):
-            model.blocks[i] = _Checkpointed(block, mode == "torch-reentrant")
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+            model.blocks[i] = Checkpointed(block, mode == "torch-reentrant")
+    rank, world = join()
     ddp = DistributedDataParallel(model, **options)
     shard = x.chunk(world)[rank]
     result = {"error": "", "grads": None}
@@ -57,7 +68,7 @@ def main(path, factory, mode, out):
     os._exit(0)
 
 
-class _Checkpointed(torch.nn.Module):
+class Checkpointed(torch.nn.Module):
     def __init__(self, block, reentrant):
         super().__init__()
         self.block = block

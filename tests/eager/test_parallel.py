@@ -30,19 +30,24 @@ def free_port():
     return port
 
 
-def pytorch_ddp(tmp_path, factory, checkpoint, world=2):
-    """PyTorch alone: each rank's {"error", "grads"} under DDP with every block checkpointed."""
+def pytorch_truth(tmp_path, script, args, world=2):
+    """Each rank's {"error", "grads"} from a truth script run by PyTorch alone on `world` processes."""
     port, procs, outs = free_port(), [], []
     for rank in range(world):
-        out = tmp_path / f"truth-{factory}-{checkpoint}-{rank}.json"
+        out = tmp_path / f"truth-{'-'.join(args)}-{rank}.json"
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([PYTHON, TRUTH, MODELS, factory, checkpoint, str(out)], env=env,
+        procs.append(subprocess.Popen([PYTHON, script, MODELS, *args, str(out)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         outs.append(out)
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-2000:]
     return [json.loads(o.read_text()) for o in outs]
+
+
+def pytorch_ddp(tmp_path, factory, checkpoint, world=2):
+    """PyTorch alone: each rank's {"error", "grads"} under DDP with every block checkpointed."""
+    return pytorch_truth(tmp_path, TRUTH, [factory, checkpoint], world)
 
 
 def ddp_run(ckcheck, factory, checkpoint, *extra, world=2):

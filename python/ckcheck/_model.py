@@ -498,6 +498,7 @@ class ModelAdapter:
         # function again) while a tapped unit runs; None otherwise.
         self.unit_call = None
         self._tapped_calls = itertools.count(1)
+        self._taps = 0  # checkpoint calls the tap met, all steps together
         self._tap_depth = 0  # tapped functions running now
         self._nested_seen, self._outer_seen = set(), set()  # units met inside another's function, and not
         self._unit_paths = set()  # ... and their modules
@@ -562,14 +563,20 @@ class ModelAdapter:
 
     def twin_module(self):
         """A copy of the module to train in an engine that changes its modules in place (FSDP2's
-        fully_shard), its forwards going through the runner's sites as the module's do."""
+        fully_shard); wrap_twin() then routes its forwards through the runner's sites."""
         self._unwrap_forwards()
         try:
-            twin = copy.deepcopy(self.module)
+            return copy.deepcopy(self.module)
         except Exception as e:
             raise UsageError(_failure("--parallel fsdp shards a copy of the model, and copy.deepcopy failed", e)) from e
         finally:
             self._wrap_modules()
+
+    def wrap_twin(self, twin):
+        """The twin's forwards through the runner's sites, as the module's go. After the engine
+        changed the twin's classes (fully_shard makes each an FSDP subclass): a forward bound
+        before would be the old class's, and a model that checkpoints in its class's forward
+        (Hugging Face's layers, which checkpoint only from the outermost class) would not."""
         for path, m in twin.named_modules():
             if path:
                 had_own = "forward" in vars(m)
@@ -577,7 +584,6 @@ class ModelAdapter:
                 m.forward._ckcheck_had_own = had_own
                 self._names[id(m)] = path
         self._twin = twin
-        return twin
 
     def blocks(self):
         """The model's blocks (module paths), as the default sites find them."""
@@ -782,6 +788,7 @@ class ModelAdapter:
         # The checkpoint runs `function` once in its forward and again in each recompute; a
         # checkpoint inside a recomputed unit is a new call, whose first run is its forward.
         serial, runs = next(self._tapped_calls), [0]
+        self._taps += 1
 
         @functools.wraps(function)
         def unit(*args, **kwargs):
@@ -1014,9 +1021,15 @@ class ModelAdapter:
         offloaded = self._offload() if self._offload is not None and checkpointing else contextlib.nullcontext()
         try:
             with torch.utils.checkpoint.set_checkpoint_early_stop(False), offloaded:
+                taps = self._taps
                 out = (self._engine or self.module)(*a, **k)
                 if self.loss is not None:
                     out = self.loss(out)
+            if own and checkpointing and self._taps == taps and getattr(self._engine, "sharded", None) is not None \
+                    and self._engine.on:
+                # The engine's copy must checkpoint as the module does, or the step compared is plain.
+                raise RuntimeError(f"the engine's copy of the model ran its forward with the model's switch on and "
+                                   f"checkpointed nothing, where the model checkpoints {', '.join(self.default_sites)}")
         except BaseException:
             self._call_site = None
             raise

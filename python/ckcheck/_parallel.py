@@ -214,6 +214,7 @@ class FsdpEngine:
             if any(True for _ in block.parameters()):
                 fully_shard(block, **kwargs)
         fully_shard(twin, **kwargs)
+        self.adapter.wrap_twin(twin)
         self.sharded = twin
         self.shards = dict(twin.named_parameters())
         self.names = [n for n, _ in self.module.named_parameters()]

@@ -40,6 +40,20 @@ def test_transformer_under_fsdp2_with_a_non_reentrant_checkpoint_passes(ckcheck,
     assert r.check("hooks")["status"] == "pass" and r.check("gradients")["status"] == "pass"
 
 
+def test_a_hugging_face_models_own_switch_checkpoints_in_the_sharded_copy(ckcheck, tmp_path):
+    # PyTorch: with FSDP2 on its layers, GPT-2's own switch still runs a checkpoint per layer
+    # (transformers checkpoints the outermost class's forward: FSDP2's subclass of each layer).
+    gpt2 = fixture("tiny_gpt2.py")
+    truth = pytorch_truth(tmp_path, TRUTH, ["make_model", "model", "off"], models=gpt2)
+    assert truth[0]["checkpoint_calls"] == 2 and not truth[0]["error"], truth[0]["error"]
+    r = ckcheck("run", "--model", f"{gpt2}:make_model", "--parallel", "fsdp", "--world-size", 2, "--timeout", 120)
+    assert r.code == 0, r.out + r.err
+    # The checkpointed step under FSDP2 ran and recomputed both layers, as PyTorch's does.
+    assert "2 checkpointed units reproduce their forwards" in r.check("determinism")["summary"], r.out
+    assert "inputs of 2 checkpointed calls" in r.check("input-mutation")["summary"], r.out
+    assert r.check("gradients")["status"] == "pass" and r.check("rank-rng")["status"] == "pass", r.out
+
+
 def test_world_size_four_and_the_factorys_fsdp_options(ckcheck):
     r = fsdp_run(ckcheck, "transformer_reshard_kept", "torch", world=4)
     assert r.code == 0, r.out + r.err

@@ -30,13 +30,14 @@ def free_port():
     return port
 
 
-def pytorch_truth(tmp_path, script, args, world=2):
-    """Each rank's {"error", "grads"} from a truth script run by PyTorch alone on `world` processes."""
+def pytorch_truth(tmp_path, script, args, world=2, models=MODELS):
+    """Each rank's {"error", "grads"} from a truth script run by PyTorch alone on `world` processes,
+    on the factories of `models`."""
     port, procs, outs = free_port(), [], []
     for rank in range(world):
         out = tmp_path / f"truth-{'-'.join(args)}-{rank}.json"
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([PYTHON, script, MODELS, *args, str(out)], env=env,
+        procs.append(subprocess.Popen([PYTHON, script, models, *args, str(out)], env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         outs.append(out)
     for p in procs:

@@ -148,7 +148,7 @@ class AutocastCheck : public Check {
     std::set<std::string> reported;
     size_t traced = 0;
     for (const auto& c : ctx.records.checkpointed.calls) {
-      if (!c.forward_dtypes.empty()) ++traced;
+      if (!c.forward_dtypes.empty() && !c.recompute_dtypes.empty()) ++traced;
       const auto idx = first_dtype_difference(c);
       if (!idx || reported.count(c.site)) continue;
       reported.insert(c.site);
@@ -159,7 +159,7 @@ class AutocastCheck : public Check {
       r.summary = fmt::format("{} recompute in other dtypes than their forward under FSDP2's mixed precision ({})",
                               count_of(reported.size(), "site"), mixed);
     } else if (traced == 0) {
-      return skipped(id(), "no checkpointed call's ops were traced");
+      return skipped(id(), "no checkpointed call was recomputed with its ops traced");
     } else {
       r.summary = fmt::format("{} recompute their ops in the dtypes of their forward under FSDP2's mixed precision ({})",
                               count_of(traced, "checkpointed call"), mixed);

@@ -600,10 +600,22 @@ void sgd_update(const NamedTensors& params, double lr) {
 void attach_op_evidence(StepRecord& record) {
   std::map<int64_t, CallEvidence*> by_call;
   for (auto& c : record.calls) by_call[c.call] = &c;
+  // The ops the site calls itself, not the kernels they call in turn: the outermost operators
+  // ("ns::op") of each call's forward and of its recompute. A checkpoint may run the forward inside
+  // a recorded autograd Function (PyTorch's reentrant CheckpointFunction, no "::"), one level deeper
+  // than the recompute, which the backward runs.
+  auto is_operator = [](const OpRecord& op) { return op.name.find("::") != std::string::npos; };
+  std::map<std::pair<int64_t, int>, int64_t> outermost;
+  for (const auto& op : record.ops) {
+    if (op.phase == Phase::kBackward || !is_operator(op) || !by_call.count(op.call)) continue;
+    const auto key = std::make_pair(op.call, static_cast<int>(op.phase));
+    const auto it = outermost.find(key);
+    if (it == outermost.end() || op.depth < it->second) outermost[key] = op.depth;
+  }
   for (const auto& op : record.ops) {
     auto it = by_call.find(op.call);
-    // Ops the site calls itself (depth 0), not the kernels they call in turn.
-    if (it == by_call.end() || op.depth != 0 || op.phase == Phase::kBackward) continue;
+    if (it == by_call.end() || op.phase == Phase::kBackward || !is_operator(op)) continue;
+    if (op.depth != outermost[std::make_pair(op.call, static_cast<int>(op.phase))]) continue;
     auto& e = *it->second;
     const std::string dtype = op.dtypes.empty() ? "-" : fmt::format("{}", fmt::join(op.dtypes, ","));
     const bool forward = op.phase == Phase::kForward;
@@ -686,6 +698,11 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
     const ParticipantRun taking_part(part);
     const auto inputs = start_run(model_, start_, config_.seed, part, record);
     const auto params = model_.named_parameters();
+    // One process on the whole batch beside data-parallel ranks: its gradient is the ranks' sum,
+    // world_size times their average, so the same update takes a step world_size times smaller.
+    const double lr = !options.data_parallel && config_.data_parallel
+                          ? config_.lr / static_cast<double>(config_.data_parallel->world_size())
+                          : config_.lr;
     std::vector<TensorRecord> input_grads;
     for (int64_t step = 1; step <= config_.steps; ++step) {
       observer->step = step;
@@ -717,7 +734,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       part.end_step(params);
       observer->flush();
       record_gradients_and_state(record, model_, params, input_grads, step, versions);
-      if (step < config_.steps) sgd_update(params, config_.lr);
+      if (step < config_.steps) sgd_update(params, lr);
     }
   } catch (const std::exception& e) {
     record.error = message_of(e);
@@ -1070,3 +1087,4 @@ std::vector<UnitProbe> Runner::probe(const Plan& plan, bool no_grad, const std::
 }
 
 }  // namespace ckcheck
+

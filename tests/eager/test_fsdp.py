@@ -138,3 +138,23 @@ def test_unknown_fsdp_options_are_refused(ckcheck, tmp_path):
     r = ckcheck("run", "--model", f"{factory}:make", "--parallel", "fsdp", "--world-size", "2", "--timeout", 60)
     lines = r.err.strip().splitlines()
     assert r.code == 2 and len(lines) == 1 and "unknown keys ['reshard']" in lines[0], r.err
+
+
+def test_several_steps_compare_with_one_process_taking_the_same_updates(ckcheck):
+    # One process on the whole batch takes SGD steps world_size times smaller (its gradient is the
+    # ranks' sum), so later steps start from the ranks' parameters; BatchNorm's per-shard
+    # statistics still fail (the negative control).
+    r = fsdp_run(ckcheck, "transformer", "torch", "--steps", 3)
+    assert r.code == 0 and r.check("data-parallel")["status"] == "pass", r.out + r.err
+    bn = fsdp_run(ckcheck, "convnet_batchnorm", "torch", "--steps", 3, "--checks", "gradients,data-parallel")
+    assert bn.code == 1 and bn.check("data-parallel")["status"] == "fail", bn.out + bn.err
+
+
+def test_a_reentrant_checkpoints_forward_is_traced_inside_its_autograd_function(ckcheck):
+    # PyTorch's reentrant checkpoint runs the forward inside CheckpointFunction, one level deeper
+    # than the recompute: the dtype comparison takes the outermost operators of each. Before, the
+    # forward looked empty and a correct step failed.
+    ok = fsdp_run(ckcheck, "transformer", "torch-reentrant", "--mixed-precision", "bf16")
+    assert ok.code == 0 and ok.check("autocast")["status"] == "pass", ok.out + ok.err
+    amp = ckcheck("run", "--model", f"{MODELS}:transformer", "--checkpoint", "torch-reentrant", "--amp", "bf16")
+    assert amp.code == 0 and amp.check("autocast")["status"] == "pass", amp.out + amp.err

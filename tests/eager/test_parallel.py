@@ -243,9 +243,10 @@ def _descendants(root):
 LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1 as /proc writes them
 
 
-def test_the_ranks_listen_on_loopback_only(tmp_path):
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_the_ranks_listen_on_loopback_only(tmp_path, engine):
     p = subprocess.Popen([ckcheck_bin(), "run", "--model", f"{MODELS}:transformer", "--checkpoint", "torch",
-                          "--parallel", "ddp", "--world-size", "2", "--timeout", "120"],
+                          "--parallel", engine, "--world-size", "2", "--timeout", "120"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     stop = threading.Event()
@@ -296,12 +297,13 @@ def test_ranks_that_disagree_on_the_plan_are_refused(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
-@pytest.mark.parametrize("model", ["python", "builtin"])
+@pytest.mark.parametrize("model", ["python", "python-fsdp", "builtin"])
 def test_two_torchrun_nodes_give_the_report_of_world_size_two(ckcheck, tmp_path, model):
     """Two torchrun launchers (--nnodes 2, one rank each) on loopback: torchrun's agent hosts the
     store, which the ranks join; the report is that of --world-size 2."""
-    if model == "python":
-        args = ["--model", f"{MODELS}:transformer_dropout", "--checkpoint", "torch", "--parallel", "ddp"]
+    if model.startswith("python"):
+        engine = "fsdp" if model == "python-fsdp" else "ddp"
+        args = ["--model", f"{MODELS}:transformer_dropout", "--checkpoint", "torch", "--parallel", engine]
         program = ["-m", "ckcheck", "run"]
     else:
         args = ["--model", "transformer", "--layers", "2", "--batch", "4"]

@@ -274,6 +274,7 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
             else:
                 engine = _parallel.Engine(module, ddp_options, timeout)
             adapter.attach_engine(engine)
+            engine.prepare()
         except BaseException:
             adapter.close()
             raise

@@ -161,6 +161,9 @@ class Engine:
             self.wrapper = None
             raise
 
+    def prepare(self):
+        """DDP is made when the first engine step begins (it broadcasts from rank 0)."""
+
     def hook_fires(self):
         """DDP's reducer fires the parameters' own gradient hooks: the runner counts them."""
         return None
@@ -222,6 +225,18 @@ class FsdpEngine:
         for k, n in enumerate(self.names):
             if self.shards[n].requires_grad:
                 self.shards[n].register_post_accumulate_grad_hook(lambda _p, k=k: self._fired(k))
+
+    def prepare(self):
+        """Shards the copy now, when the model is loaded: what fully_shard refuses (a 0-dim
+        parameter) is a usage error naming the model, not a failed step."""
+        from ckcheck._model import UsageError, _failure
+
+        try:
+            self._build()
+        except UsageError:
+            raise
+        except Exception as e:
+            raise UsageError(_failure("FSDP2's fully_shard cannot shard the model", e)) from e
 
     def _fired(self, k):
         self._fires[k] += 1

@@ -158,3 +158,31 @@ def test_a_reentrant_checkpoints_forward_is_traced_inside_its_autograd_function(
     assert ok.code == 0 and ok.check("autocast")["status"] == "pass", ok.out + ok.err
     amp = ckcheck("run", "--model", f"{MODELS}:transformer", "--checkpoint", "torch-reentrant", "--amp", "bf16")
     assert amp.code == 0 and amp.check("autocast")["status"] == "pass", amp.out + amp.err
+
+
+def test_what_fully_shard_refuses_is_one_line_and_small_parameters_shard(ckcheck, tmp_path):
+    factory = tmp_path / "scalars.py"
+    factory.write_text("import torch\n"
+                       "from torch import nn\n"
+                       "class Net(nn.Module):\n"
+                       "    def __init__(self, shape):\n"
+                       "        super().__init__()\n"
+                       "        self.blocks = nn.ModuleList(nn.Linear(3, 3) for _ in range(2))\n"
+                       "        self.scale = nn.Parameter(torch.full(shape, 0.5))\n"
+                       "    def forward(self, x):\n"
+                       "        for b in self.blocks:\n"
+                       "            x = x + self.scale * torch.tanh(b(x))\n"
+                       "        return x\n"
+                       "def scalar():\n"
+                       "    return Net(()), torch.randn(8, 3)\n"
+                       "def one_element():\n"
+                       "    return Net((1,)), torch.randn(8, 3)\n")
+    # PyTorch: fully_shard refuses a 0-dim parameter; ckcheck says so in one line.
+    r = ckcheck("run", "--model", f"{factory}:scalar", "--checkpoint", "torch", "--parallel", "fsdp",
+                "--world-size", 2, "--timeout", 60)
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and "fully_shard cannot shard the model" in lines[0], r.err
+    # Parameters with fewer rows than ranks (empty shards on some) train and compare.
+    ok = ckcheck("run", "--model", f"{factory}:one_element", "--checkpoint", "torch", "--parallel", "fsdp",
+                 "--world-size", 4, "--timeout", 120)
+    assert ok.code == 0 and ok.check("data-parallel")["status"] == "pass", ok.out + ok.err

@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <tuple>
 
 #include "analyses/session.h"
@@ -381,7 +382,10 @@ std::vector<std::string> check_failures(const std::vector<CheckResult>& results)
   return out;
 }
 
-BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options) {
+namespace {
+
+// What every bench result says of the model before any policy is measured.
+BenchResult bench_result_of(Runner& runner, const BenchOptions& options) {
   auto& model = runner.model();
   const auto& config = runner.config();
   BenchResult r;
@@ -402,18 +406,31 @@ BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs
   }
   r.gradient_bytes = bytes_of(trainable);
   r.adam_state_bytes = 2 * 4 * numel_of(trainable);  // two fp32 moments per trainable parameter
-  const int element_bytes = config.amp == Amp::kOff ? 4 : 2;
   r.clock = bench_clock_description(config.device);
+  return r;
+}
 
+// A policy's row before it is measured: its name, and its sites or why it does not apply.
+PolicyBench policy_of(const Entry& e) {
+  PolicyBench b;
+  b.policy = e.plan ? e.plan->policy.text() : e.name;
+  b.note = e.why_not;
+  if (e.plan) b.checkpointed = e.plan->checkpointed();
+  return b;
+}
+
+}  // namespace
+
+BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options) {
+  auto& model = runner.model();
+  BenchResult r = bench_result_of(runner, options);
+  const int element_bytes = runner.config().amp == Amp::kOff ? 4 : 2;
   const auto entries = bench_entries(model, site_globs, options);
   std::vector<size_t> active;  // indices into entries and r.policies of the policies measured
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
-    PolicyBench b;
-    b.policy = e.plan ? e.plan->policy.text() : e.name;
-    b.note = e.why_not;
+    PolicyBench b = policy_of(e);
     if (e.plan) {
-      b.checkpointed = e.plan->checkpointed();
       b.analytic_bytes = analytic_activation_bytes(model, *e.plan, element_bytes);
       active.push_back(i);
     }
@@ -422,6 +439,58 @@ BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs
   measure_interleaved(runner, entries, active, options, r);
   if (options.verify) verify_policies(runner, entries, active, options, r);
   recommend(r);
+  return r;
+}
+
+BenchResult run_bench_per_rank(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options,
+                               Collective& group) {
+  const auto* dp = runner.config().data_parallel;
+  if (!dp || !dp->engine()) throw std::logic_error("run_bench_per_rank: the runner has no data-parallel engine");
+  BenchResult r = bench_result_of(runner, options);
+  r.parallel = dp->engine()->engine();
+  r.world_size = group.world_size();
+  const bool sharded_state = r.parallel == "fsdp";
+  const int64_t state = r.parameter_bytes + r.gradient_bytes;
+  r.rank_state_bytes = sharded_state ? (state + r.world_size - 1) / r.world_size : state;
+  r.parallel_note = fmt::format(
+      "each policy measured on one rank's shard of the batch: by the whole module alone on rank 0 (the peak column, "
+      "above the baseline), and through {} on every rank (per rank: what the rank holds in all, its {} of "
+      "parameters and gradients ({} of {}) plus its step's peak, rank by rank); no time is measured (the ranks "
+      "share this machine's cores) and no policy is recommended",
+      sharded_state ? "FSDP2" : "DDP", format_bytes(static_cast<double>(r.rank_state_bytes)),
+      sharded_state ? fmt::format("1/{}", r.world_size) : std::string("all"), format_bytes(static_cast<double>(state)));
+  const auto entries = bench_entries(runner.model(), site_globs, options);
+  std::vector<int64_t> mine;  // this rank's peak through the engine, per policy measured
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    PolicyBench b = policy_of(e);
+    if (e.plan) {
+      if (options.progress) options.progress(i, entries.size(), b.policy);
+      b.measurement = runner.measure(&*e.plan, options.warmup, options.steps, /*through_engine=*/false);
+      const auto sharded = runner.measure(&*e.plan, options.warmup, options.steps, /*through_engine=*/true);
+      if (b.measurement.error.empty() && !sharded.error.empty()) b.measurement.error = sharded.error;
+      mine.push_back(sharded.error.empty() ? sharded.peak_bytes : -1);
+      r.baseline_bytes = std::max(r.baseline_bytes, b.measurement.baseline_bytes);
+    }
+    r.policies.push_back(b);
+  }
+  if (options.progress) options.progress(entries.size(), entries.size(), "");
+  // Every rank's peaks, gathered on rank 0 (the others' results are not reported).
+  if (group.rank() != 0) {
+    group.set(fmt::format("ckcheck/bench/rank/{}", group.rank()), nlohmann::json(mine).dump());
+    return r;
+  }
+  std::vector<std::vector<int64_t>> ranks{mine};
+  for (int k = 1; k < r.world_size; ++k) {
+    ranks.push_back(nlohmann::json::parse(group.get(fmt::format("ckcheck/bench/rank/{}", k))).get<std::vector<int64_t>>());
+  }
+  size_t measured = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!entries[i].plan) continue;
+    for (const auto& peaks : ranks) r.policies[i].rank_peak_bytes.push_back(measured < peaks.size() ? peaks[measured] : -1);
+    ++measured;
+  }
+  r.reason = fmt::format("bench --parallel {} measures memory per rank only", r.parallel);
   return r;
 }
 

@@ -48,6 +48,10 @@ struct PolicyBench {
   bool ranked = false;
   /// Where not ranked though measured, why (set by recommend).
   std::string not_ranked;
+  /// Under a data-parallel engine (bench --parallel): each rank's peak above its step's start
+  /// through the engine, in rank order (-1 where the step failed); `measurement` is then the whole
+  /// module alone on rank 0's shard of the batch.
+  std::vector<int64_t> rank_peak_bytes;
   bool measured() const { return note.empty() || !measurement.step_seconds.empty(); }
 };
 
@@ -92,6 +96,14 @@ struct BenchResult {
   /// --offload: where every checkpointing policy's saved activations go ("" when not offloaded),
   /// and what the peaks mean then on this device.
   std::string offload, offload_note;
+  /// bench --parallel: the engine ("fsdp", "ddp"; "" in one process), the ranks, and what each
+  /// rank's figures mean.
+  std::string parallel;
+  int world_size = 1;
+  std::string parallel_note;
+  /// bench --parallel: the parameters and gradients each rank holds before its step (FSDP2: its
+  /// shards, about 1/world_size; DDP: all), beside which each rank's peak stands.
+  int64_t rank_state_bytes = 0;
   std::string recommendation;
   std::string reason;
   std::vector<std::string> warnings;
@@ -116,6 +128,14 @@ std::optional<double> analytic_activation_bytes(const Model& model, const Plan& 
 /// of the ratios. Policies given explicitly must apply to the model (UsageError otherwise);
 /// default ones that do not are listed with a note.
 BenchResult run_bench(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options);
+
+/// bench under the model's data-parallel engine (bench --parallel), every rank calling it with the
+/// same options: each policy's memory on this rank's shard of the batch, through the engine and by
+/// the whole module alone, in the same order on every rank (the engine's collectives keep the
+/// ranks in step). `group` gathers the ranks' peaks on rank 0 (PolicyBench::rank_peak_bytes).
+/// Memory only: the ranks share this machine, so no time is ranked and no policy recommended.
+BenchResult run_bench_per_rank(Runner& runner, const std::vector<std::string>& site_globs, const BenchOptions& options,
+                               Collective& group);
 
 /// How much slower `num`'s steps are than `den`'s: the ratio of the means of their fastest 30% of steps, with a 95%
 /// bootstrap interval (fixed seed: the same samples give the same interval). Other processes only

@@ -5,10 +5,15 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <iostream>
+#include <memory>
 
 #include "analyses/bench.h"
+#include "cli/launch.h"
+#include "cli/run.h"
 #include "cli/supervise.h"
+#include "harness/runner/data_parallel.h"
 #include "harness/support/errors.h"
 #include "harness/support/text.h"
 
@@ -54,6 +59,16 @@ const OptionTable<BenchCliOptions>& bench_option_table() {
                     "ranked (those of ckcheck run): bitwise, rtol=R,atol=A or ulp=N",
                     &BenchCliOptions::tolerance)
                     .config("tolerance"));
+    t.push_back(Row("--world-size",
+                    "with --parallel ddp|fsdp: measure memory per rank on N ranks (processes) on this machine, "
+                    "meeting on loopback (Gloo); under torchrun each process joins as its rank instead",
+                    &BenchCliOptions::world_size)
+                    .check(whole_number(1, 256)));
+    t.push_back(Row("--timeout",
+                    "with --parallel: the wall-clock limit of the whole run in seconds (default 300); past it the "
+                    "ranks stop with one line naming the rank that did not finish, exit status 2, no report",
+                    &BenchCliOptions::timeout)
+                    .check(whole_number(1, 86400)));
     t.push_back(Row("--threads",
                     fmt::format("intra-op threads, 1 to {} (four per hardware thread; default: LibTorch's)", max_threads()),
                     &BenchCliOptions::threads)
@@ -83,14 +98,56 @@ void setup_bench(CLI::App& app, int& exit_code) {
       "order listed): a tie is decided by the plan, never by the clock.\n"
       "Example: ckcheck bench --model transformer --layers 8 --hidden 256 --seq 128 --policies "
       "none,every:1,every:2,every:4 --report html=bench.html");
-  add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false, /*with_offload=*/true);
+  add_model_args(*sub, o->model, /*with_policy=*/false, /*with_steps=*/false, /*with_offload=*/true,
+                 /*with_parallel=*/true);
   add_options(*sub, *o, bench_option_table());
   add_report_option(*sub, o->reports, " (html with a memory-time chart)");
   sub->callback([o, &exit_code] { exit_code = run_bench_command(*o); });
 }
 
+namespace {
+
+// bench --parallel: this process starts the ranks (or, under torchrun, is one); each rank measures
+// through the engine and rank 0 reports. Null when this process reports nothing (it started the
+// ranks, whose rank 0 reported, with `status` their exit status; or it is another rank).
+std::unique_ptr<Collective> per_rank_group(const BenchCliOptions& o, std::unique_ptr<Model>& model,
+                                           CheckpointChoice& checkpoint, std::unique_ptr<DataParallel>& dp,
+                                           int& status) {
+  const auto env = rank_environment();
+  const int timeout = o.timeout ? o.timeout : kRankTimeout;
+  if (!env) {
+    if (o.world_size < 2) {
+      throw UsageError(fmt::format("bench --parallel {} measures memory per rank: add --world-size N (2 or more), or "
+                                   "start ckcheck under torchrun",
+                                   o.model.parallel));
+    }
+    // The model is checked here, before any rank starts.
+    check_batch_splits(*build_model(o.model, o.world_size, &checkpoint), o.model.seed, o.world_size);
+    status = launch_ranks(o.world_size, timeout);
+    return nullptr;
+  }
+  guard_rank(env->rank, env->world_size, timeout);
+  signal(SIGPIPE, SIG_IGN);  // a peer that dies closes its sockets: an error, not a killed rank
+  ModelArgs args = o.model;
+  args.parallel_timeout = timeout;
+  model = build_model(args, env->world_size, &checkpoint);
+  auto* engine = dynamic_cast<ParallelEngine*>(model.get());
+  if (!engine || engine->engine().empty()) {
+    throw UsageError("bench --parallel measures a Python model in PyTorch's engine; this model has none");
+  }
+  auto group = mark_waits(engine->engine_collective());
+  dp = std::make_unique<DataParallel>(*group, *engine);
+  return group;
+}
+
+}  // namespace
+
 int run_bench_command(const BenchCliOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (o.model.parallel == "off" && (o.world_size > 1 || o.timeout > 0)) {
+    throw UsageError(fmt::format("{} applies to bench --parallel ddp|fsdp (memory per rank); add --parallel or drop it",
+                                 o.world_size > 1 ? "--world-size" : "--timeout"));
+  }
   const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   if (o.threads > 0) torch::set_num_threads(o.threads);
   BenchOptions options;
@@ -113,11 +170,27 @@ int run_bench_command(const BenchCliOptions& o) {
   };
 
   CheckpointChoice checkpoint;
-  auto model = build_model(o.model, 1, &checkpoint);
+  std::unique_ptr<Model> model;
+  std::unique_ptr<DataParallel> dp;
+  std::unique_ptr<Collective> group;
+  if (o.model.parallel != "off") {
+    int status = 0;
+    group = per_rank_group(o, model, checkpoint, dp, status);
+    if (!group) return status;
+  } else {
+    model = build_model(o.model, 1, &checkpoint);
+  }
   RunConfig config = run_config(o.model);
   fit_to_checkpoint(config, checkpoint);
+  if (dp && config.device.is_cuda()) {
+    throw UsageError(fmt::format("--parallel {} runs on the CPU (Gloo) in this version; drop --device or --parallel",
+                                 o.model.parallel));
+  }
+  config.data_parallel = dp.get();
   Runner runner(*model, config);
-  auto result = run_bench(runner, split_list(o.model.sites), options);
+  auto result = group ? run_bench_per_rank(runner, split_list(o.model.sites), options, *group)
+                      : run_bench(runner, split_list(o.model.sites), options);
+  if (group && group->rank() != 0) return 0;  // rank 0 reports
   if (o.model.offload != "off") {
     result.offload = o.model.offload;
     result.offload_note =

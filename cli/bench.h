@@ -18,6 +18,9 @@ struct BenchCliOptions {
   double time_budget = 60;
   int threads = 0;
   std::string tolerance = "bitwise";  // of the checks each policy's checkpointed step must pass
+  // --parallel: the ranks on this machine, and the wall-clock limit of the whole run (0: 300 s).
+  int world_size = 1;
+  int timeout = 0;
   std::vector<std::string> reports;
 };
 

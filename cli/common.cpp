@@ -215,18 +215,24 @@ namespace {
 // The rows a command takes: all, less --policy and the compiler's --memory-budget for commands that
 // take several policies (bench: its --memory-budget is a size, and budgets are policies there), less
 // --offload where the command does not take it, and less --steps for those that count their own.
-std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps, bool with_offload) {
-  return [with_policy, with_steps, with_offload](const OptionRow<ModelArgs>& row) {
-    return (with_policy || (row.flag() != "--policy" && row.flag() != "--memory-budget" &&
-                            row.flag() != "--parallel" && row.flag() != "--mixed-precision")) &&
-           (with_offload || row.flag() != "--offload") && (with_steps || row.flag() != "--steps");
+std::function<bool(const OptionRow<ModelArgs>&)> model_rows(bool with_policy, bool with_steps, bool with_offload,
+                                                            bool with_parallel) {
+  return [with_policy, with_steps, with_offload, with_parallel](const OptionRow<ModelArgs>& row) {
+    const auto& f = row.flag();
+    if (f == "--policy" || f == "--memory-budget") return with_policy;
+    if (f == "--parallel" || f == "--mixed-precision") return with_policy || with_parallel;
+    if (f == "--offload") return with_offload;
+    if (f == "--steps") return with_steps;
+    return true;
   };
 }
 
 }  // namespace
 
-void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps, bool with_offload) {
-  for (const auto& [row, opt] : add_options(app, args, model_option_table(), model_rows(with_policy, with_steps, with_policy || with_offload))) {
+void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy, bool with_steps, bool with_offload,
+                    bool with_parallel) {
+  for (const auto& [row, opt] : add_options(app, args, model_option_table(),
+                                            model_rows(with_policy, with_steps, with_policy || with_offload, with_parallel))) {
     if (row->group_name() != kFileInputs) continue;
     // A file model's input options, noted when given: a built-in model refuses them.
     opt->each([&args, flag = row->flag()](const std::string&) { args.torchscript_flags.push_back(flag); });
@@ -414,7 +420,7 @@ std::string model_command_line(const ModelArgs& args, bool with_policy) {
   const auto& table = model_option_table();
   std::string s = table.front().reproduce(args).substr(1);
   for (const auto& [k, v] : args.given_options()) s += fmt::format(" --{} {}", k, shell_quote(v));
-  const auto keep = model_rows(with_policy, true, /*with_offload=*/true);  // printed where given
+  const auto keep = model_rows(with_policy, true, /*with_offload=*/true, /*with_parallel=*/true);  // printed where given
   for (size_t i = 1; i < table.size(); ++i) {
     if (keep(table[i])) s += table[i].reproduce(args);
   }

@@ -71,9 +71,10 @@ const OptionTable<ModelArgs>& model_option_table();
 
 /// Registers the rows of model_option_table() and the model options of every built-in model.
 /// `with_policy` is false for commands that take several policies, `with_steps` for those that
-/// count their own; --offload comes with --policy, or alone with `with_offload` (bench).
+/// count their own; --offload comes with --policy, or alone with `with_offload` (bench), and so do
+/// --parallel and --mixed-precision with `with_parallel` (bench).
 void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true, bool with_steps = true,
-                    bool with_offload = false);
+                    bool with_offload = false, bool with_parallel = false);
 
 /// The checkpoint a run tests, and why that one (--checkpoint auto resolves by the model).
 struct CheckpointChoice {

@@ -291,6 +291,15 @@ int stop_on_signal(Ranks& ranks) {
 
 }  // namespace
 
+void check_batch_splits(Model& model, uint64_t seed, int world_size) {
+  const auto inputs = model.make_inputs(seed);
+  if (!inputs.empty() && inputs[0].dim() > 0 && inputs[0].size(0) % world_size != 0) {
+    throw UsageError(fmt::format("the batch ({} rows) does not split evenly over --world-size {}; choose a "
+                                 "batch that is a multiple of it",
+                                 inputs[0].size(0), world_size));
+  }
+}
+
 int launch_ranks(int world_size, int timeout_s) {
   const auto self = rank_program();
   const int port = free_port();

@@ -2,6 +2,7 @@
 // launcher such as torchrun started (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -9,6 +10,7 @@
 
 namespace ckcheck {
 class Collective;
+class Model;
 }
 
 namespace ckcheck::cli {
@@ -43,6 +45,9 @@ std::optional<RankEnvironment> rank_environment();
 /// return is then 128 + the signal. Ranks die with the launcher (PR_SET_PDEATHSIG), and the
 /// folder of their error output is removed on every path.
 int launch_ranks(int world_size, int timeout_s);
+
+/// Throws UsageError when the model's batch does not split evenly over `world_size` ranks.
+void check_batch_splits(Model& model, uint64_t seed, int world_size);
 
 /// In a rank: stops the process with one line and exit status 2 once `timeout_s` seconds have
 /// passed (the run's wall-clock limit, under this launcher or torchrun), and silences c10d's own

@@ -225,12 +225,7 @@ namespace {
 // Starts the ranks of a data-parallel run from this process, after the checks that need no rank.
 int launch(const RunOptions& o, Model& model, const RunConfig& config) {
   if (o.diagnose || o.bench) throw UsageError("--diagnose and --bench run in one process; drop --world-size for them");
-  const auto inputs = model.make_inputs(o.model.seed);
-  if (!inputs.empty() && inputs[0].dim() > 0 && inputs[0].size(0) % o.world_size != 0) {
-    throw UsageError(fmt::format("the batch ({} rows) does not split evenly over --world-size {}; choose a "
-                                 "batch that is a multiple of it",
-                                 inputs[0].size(0), o.world_size));
-  }
+  check_batch_splits(model, o.model.seed, o.world_size);
   if (config.device.is_cuda() && o.world_size > static_cast<int>(torch::cuda::device_count())) {
     throw UsageError(fmt::format("NCCL needs a GPU per rank: this machine has {} for --world-size {}",
                                  torch::cuda::device_count(), o.world_size));

@@ -62,6 +62,10 @@ class HtmlReporter : public Reporter {
   static void bench(const BenchResult& b, std::ostream& out) {
     out << "<h2>Memory and time per policy</h2>\n<p>" << escape_markup(bench_header(b)) << ".</p>\n";
     if (!b.offload.empty()) out << "<p>Offload " << escape_markup(b.offload) << ": " << escape_markup(b.offload_note) << ".</p>\n";
+    if (!b.parallel.empty()) {
+      out << "<p>Parallel " << escape_markup(b.parallel) << ", " << b.world_size << " ranks: " << escape_markup(b.parallel_note)
+          << ".</p>\n";
+    }
     out << bench_svg(b);
     out << "<table><tr><th>policy</th><th>checkpointed</th><th>peak above baseline</th><th>x none</th><th>analytic</th>"
            "<th>step time median [min..max]</th><th>x none</th><th>checks</th><th>note</th></tr>\n";

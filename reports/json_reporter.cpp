@@ -184,13 +184,23 @@ nlohmann::json bench_json(const BenchResult& r) {
   j["too_noisy"] = r.too_noisy;
   const PolicyBench* none = measured_none(r);
   j["policies"] = nlohmann::json::array();
-  for (const auto& p : r.policies) j["policies"].push_back(policy_json(p, none));
+  for (const auto& p : r.policies) {
+    auto pj = policy_json(p, none);
+    if (!r.parallel.empty()) pj["rank_peak_bytes"] = p.rank_peak_bytes;
+    j["policies"].push_back(pj);
+  }
   j["recommendation"] = r.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.recommendation);
   j["recommendation_reason"] = r.reason;
   j["warnings"] = r.warnings;
   if (!r.offload.empty()) {
     j["offload"] = r.offload;
     j["offload_note"] = r.offload_note;
+  }
+  if (!r.parallel.empty()) {
+    j["parallel"] = r.parallel;
+    j["world_size"] = r.world_size;
+    j["parallel_note"] = r.parallel_note;
+    j["rank_state_bytes"] = r.rank_state_bytes;
   }
   return j;
 }

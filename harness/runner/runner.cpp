@@ -795,12 +795,13 @@ int64_t baseline_bytes(const NamedTensors& params, const std::vector<Tensor>& xs
 
 }  // namespace
 
-Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps) {
+Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps, bool through_engine) {
   PlanSiteRunner sites(plan, checkpoint_options(config_), model_, config_.checkpoint.restore_buffers, nullptr);
-  return measure_with(sites, warmup, steps, nullptr);
+  return measure_with(sites, warmup, steps, nullptr, through_engine);
 }
 
-Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t steps, StepWatch* watch) {
+Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t steps, StepWatch* watch,
+                                 bool through_engine) {
   set_phase("measuring memory and time");
   Measurement m;
   auto& meter = MemoryMeter::of(config_.device);
@@ -809,7 +810,15 @@ Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t step
     model_.restore(start_);
     seed_all(config_.seed);
     const auto params = model_.named_parameters();
-    auto xs = leaf_inputs(model_.make_inputs(config_.seed), config_.input_requires_grad);
+    // A rank measures its shard of the batch, through the engine or alone.
+    DataParallel* dp = config_.data_parallel;
+    std::optional<ParticipantRun> engine;
+    if (through_engine && dp) engine.emplace(*dp);
+    auto inputs = model_.make_inputs(config_.seed);
+    if (dp) {
+      for (auto& x : inputs) x = dp->shard(x);
+    }
+    auto xs = leaf_inputs(inputs, config_.input_requires_grad);
     zero_gradients(params, xs, /*allocate=*/true);
     m.baseline_bytes = baseline_bytes(params, xs);
     std::vector<Tensor> upstream;  // per output, the same every step
@@ -839,6 +848,7 @@ Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t step
       const auto instructions1 = instruction_counter().read();
       // A watch that resets the meter's peak keeps the step's peak itself.
       const int64_t peak = watch ? watch->step_ends() : meter.peak_bytes() - before;
+      if (engine) dp->end_step(params);  // the engine ends its step (after the peak is read)
       if (i < warmup) continue;
       m.cpu_seconds.push_back(cpu);
       if (instructions0 && instructions1) m.instructions.push_back(*instructions1 - *instructions0);

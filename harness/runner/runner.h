@@ -269,9 +269,12 @@ class Runner {
   /// `warmup` then `steps` training steps with `plan`'s units checkpointed (plain when null),
   /// measuring peak memory above the baseline and time; nothing is recorded, so nothing but the
   /// step itself allocates. Out of memory on a GPU is a result (fits = false), not an error.
-  Measurement measure(const Plan* plan, int64_t warmup, int64_t steps);
+  /// A rank of a data-parallel run measures its shard of the batch: `through_engine`, through the
+  /// model's engine (FSDP2's sharded step), else the whole module alone.
+  Measurement measure(const Plan* plan, int64_t warmup, int64_t steps, bool through_engine = false);
   /// measure() through any site runner (a profiler's), with a watch told where each step begins and ends.
-  Measurement measure_with(SiteRunner& sites, int64_t warmup, int64_t steps, StepWatch* watch);
+  Measurement measure_with(SiteRunner& sites, int64_t warmup, int64_t steps, StepWatch* watch,
+                           bool through_engine = false);
 
   const RunConfig& config() const { return config_; }
   Model& model() { return model_; }

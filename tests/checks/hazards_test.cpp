@@ -22,14 +22,32 @@ bool is_hazard_check(const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
-// True when no parameter under `site` got a non-zero gradient in the plain (reference) step: a
-// small convnet whose ReLUs are all dead is such a model, and equal gradients there prove nothing.
+// The sites a unit label stands for: itself, or for a segment "blocks.0..blocks.2" each block in it.
+std::vector<std::string> sites_of_unit(const std::string& label) {
+  const auto dots = label.find("..");
+  if (dots == std::string::npos) return {label};
+  const auto first = label.substr(0, dots), last = label.substr(dots + 2);
+  const auto cut = first.rfind('.');
+  if (cut == std::string::npos || last.rfind(first.substr(0, cut + 1), 0) != 0) return {first, last};
+  const auto prefix = first.substr(0, cut + 1);
+  std::vector<std::string> out;
+  for (int k = std::stoi(first.substr(cut + 1)); k <= std::stoi(last.substr(cut + 1)); ++k) {
+    out.push_back(prefix + std::to_string(k));
+  }
+  return out;
+}
+
+// True when no parameter under `site` (a unit label: a module or a segment of blocks) got a
+// non-zero gradient in the plain (reference) step: a small convnet whose ReLUs are all dead is
+// such a model, and equal gradients there prove nothing.
 bool reference_gradients_zero_under(const RunRecords& records, const std::string& site) {
   size_t params = 0;
-  for (const auto& t : records.reference.tensors) {
-    if (t.kind != "param-grad" || t.name.rfind(site + ".", 0) != 0) continue;
-    ++params;
-    if (t.value.defined() && t.value.ne(0).any().item<bool>()) return false;
+  for (const auto& module : sites_of_unit(site)) {
+    for (const auto& t : records.reference.tensors) {
+      if (t.kind != "param-grad" || t.name.rfind(module + ".", 0) != 0) continue;
+      ++params;
+      if (t.value.defined() && t.value.ne(0).any().item<bool>()) return false;
+    }
   }
   return params > 0;
 }

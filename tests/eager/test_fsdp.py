@@ -186,3 +186,30 @@ def test_what_fully_shard_refuses_is_one_line_and_small_parameters_shard(ckcheck
     ok = ckcheck("run", "--model", f"{factory}:one_element", "--checkpoint", "torch", "--parallel", "fsdp",
                  "--world-size", 4, "--timeout", 120)
     assert ok.code == 0 and ok.check("data-parallel")["status"] == "pass", ok.out + ok.err
+
+
+def test_bench_measures_memory_per_rank_through_fsdp2(ckcheck):
+    r = ckcheck("bench", "--model", f"{MODELS}:transformer", "--checkpoint", "torch", "--parallel", "fsdp",
+                "--world-size", 2, "--policies", "none,every:1", "--steps", 1, "--warmup", 1, "--timeout", 120)
+    assert r.code == 0, r.out + r.err
+    assert r.report["parallel"] == "fsdp" and r.report["world_size"] == 2, r.report
+    assert "1/2 of" in r.report["parallel_note"]
+    state = r.report["parameter_bytes"] + r.report["gradient_bytes"]
+    assert r.report["rank_state_bytes"] == (state + 1) // 2
+    assert r.report["recommendation"] is None
+    policies = {p["policy"]: p for p in r.report["policies"]}
+    for p in policies.values():
+        assert len(p["rank_peak_bytes"]) == 2 and min(p["rank_peak_bytes"]) > 0, p
+    # Checkpointing every block lowers each rank's peak under FSDP2, as it lowers one process's.
+    assert max(policies["every:1"]["rank_peak_bytes"]) < min(policies["none"]["rank_peak_bytes"])
+    assert policies["every:1"]["peak_bytes"] < policies["none"]["peak_bytes"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--world-size", "2"], "--world-size applies to bench --parallel"),
+    (["--parallel", "fsdp"], "add --world-size N"),
+])
+def test_bench_usage_errors(ckcheck, args, message):
+    r = ckcheck("bench", "--model", f"{MODELS}:transformer", *args)
+    lines = r.err.strip().splitlines()
+    assert r.code == 2 and len(lines) == 1 and message in lines[0], r.err

@@ -578,13 +578,7 @@ class ModelAdapter:
         changed the twin's classes (fully_shard makes each an FSDP subclass): a forward bound
         before would be the old class's, and a model that checkpoints in its class's forward
         (Hugging Face's layers, which checkpoint only from the outermost class) would not."""
-        for path, m in twin.named_modules():
-            if path:
-                had_own = "forward" in vars(m)
-                m.forward = self._wrapped(path, m.forward)
-                m.forward._ckcheck_had_own = had_own
-                self._names[id(m)] = path
-        self._twin = twin
+        self._wrap_forwards(twin)
 
     def blocks(self):
         """The model's blocks (module paths), as the default sites find them."""
@@ -715,14 +709,19 @@ class ModelAdapter:
 
     # -- sites ----------------------------------------------------------------------------------
     def _wrap_modules(self):
-        for path, m in self.module.named_modules():
-            if not path:
-                continue
+        for path, m in self._wrap_forwards(self.module):
             self._paths[path] = m
+
+    def _wrap_forwards(self, root):
+        """Every module under `root` calls its forward through the runner's site of its path; the
+        (path, module) pairs wrapped."""
+        wrapped = [(path, m) for path, m in root.named_modules() if path]
+        for path, m in wrapped:
             self._names[id(m)] = path
             had_own = "forward" in vars(m)
             m.forward = self._wrapped(path, m.forward)
             m.forward._ckcheck_had_own = had_own
+        return wrapped
 
     def close(self):
         """Gives every module its own forward back and its own switch's setting (ckcheck.run

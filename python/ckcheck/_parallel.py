@@ -291,10 +291,9 @@ class FsdpEngine:
                     g = g.full_tensor()
                 p.grad = None if g is None else g.to(p.dtype)
                 self.shards[n].grad = None
-        self._finished = True
-        with torch.no_grad():
             self._copy_buffers(self.sharded, self.module)
         self.adapter.copy_state(self.sharded, self.module)
+        self._finished = True
 
     def hook_fires(self):
         """How often each parameter's gradient hook fired in the last backward (FSDP2 runs the

@@ -54,6 +54,13 @@ OpDifference difference(const OpRecord& a, const OpRecord& b) {
   return OpDifference::kNone;
 }
 
+// Under data parallelism every rank runs the diagnosis's steps in lockstep: what decides the next
+// step is agreed. Whether something holds on any rank (a rank's own outputs may differ alone).
+bool on_any_rank(Runner& runner, bool mine) {
+  auto* dp = runner.config().data_parallel;
+  return dp ? dp->any_rank(mine) : mine;
+}
+
 class Bisector {
  public:
   Bisector(Runner& runner, const Plan& plan, const Tolerance& tolerance, const StepRecord& reference)
@@ -66,11 +73,9 @@ class Bisector {
     o.evidence = false;
     const auto rec = runner_.run(&p, o, "bisection");
     ++runs;
-    if (!rec.error.empty()) return true;
-    for (const auto& d : compare_records(reference_, rec, tolerance_)) {
-      if (!d.equal) return true;
-    }
-    return false;
+    bool differs = !rec.error.empty();
+    for (const auto& d : compare_records(reference_, rec, tolerance_)) differs = differs || !d.equal;
+    return on_any_rank(runner_, differs);
   }
 
   // Every unit that diverges on its own, by halves.
@@ -108,6 +113,8 @@ class Bisector {
   const StepRecord& reference_;
 };
 
+constexpr const char* kUnexplained = "checkpointing this site changes the result, and no check names a more specific cause";
+
 // Cause of a unit from the check results, or from the evidence.
 SiteDiagnosis classify(const std::string& site, const RunOutcome& outcome,
                        const std::vector<SiteExplanation>& explained) {
@@ -143,7 +150,7 @@ SiteDiagnosis classify(const std::string& site, const RunOutcome& outcome,
       }
     }
   }
-  s.evidence = "checkpointing this site changes the result, and no check names a more specific cause";
+  s.evidence = kUnexplained;
   s.hint = fix_hint(s.cause);
   return s;
 }
@@ -364,9 +371,31 @@ void find_culprits(Runner& runner, const Plan& plan, const Tolerance& tolerance,
     }
   }
   d.bisection_runs = b.runs;
+  if (auto* dp = runner.config().data_parallel) {
+    // The probe's findings are each rank's own: the sites traced next are rank 0's.
+    std::string mask;
+    for (const auto& u : plan.units) mask += std::find(culprits.begin(), culprits.end(), u) != culprits.end() ? '1' : '0';
+    mask = dp->rank0(mask);
+    culprits.clear();
+    for (size_t i = 0; i < plan.units.size() && i < mask.size(); ++i) {
+      if (mask[i] == '1') culprits.push_back(plan.units[i]);
+    }
+  }
   for (const auto& u : culprits) d.sites.push_back(classify(Plan::unit_label(u), outcome, explained));
   // A compiled unit's ops run inside the compiled graph, out of the tracer's sight.
   if (!culprits.empty() && !outcome.records.compiled) d.op_diff = op_diff(runner, plan, culprits.front());
+  // A site no check explains (the step stopped before its recompute ran) takes a dtype cause from
+  // its own op diff when the first op that differs gives another dtype.
+  if (d.op_diff && d.op_diff->index >= 0 && d.sites.front().evidence == kUnexplained) {
+    const auto& o = *d.op_diff;
+    if (!o.forward.dtypes.empty() && !o.recompute.dtypes.empty() && o.forward.dtypes != o.recompute.dtypes) {
+      auto& s = d.sites.front();
+      s.cause = dtype_cause(ctx);
+      s.evidence = fmt::format("op {} of the site gives {} ({}) in the forward but {} ({}) in the recompute", o.index,
+                               o.forward.dtypes, o.forward.name, o.recompute.dtypes, o.recompute.name);
+      s.hint = fix_hint(s.cause);
+    }
+  }
   if (unstable) {
     d.summary = "two plain steps already differ: the model is not repeatable without checkpointing";
     if (!d.sites.empty()) d.summary += fmt::format("; {} does not repeat ({})", d.sites.front().site, cause_name(d.sites.front().cause));
@@ -407,7 +436,8 @@ Diagnosis diagnose(Runner& runner, const Plan& plan, const Tolerance& tolerance,
     d.diverges = d.diverges || !t.equal;
     d.non_finite = d.non_finite || t.nonfinite_reference > 0 || t.nonfinite_checkpointed > 0;
   }
-  d.diverges = d.diverges || !outcome.records.checkpointed.error.empty();
+  d.diverges = on_any_rank(runner, d.diverges || !outcome.records.checkpointed.error.empty());
+  d.non_finite = on_any_rank(runner, d.non_finite);
   if (d.diverges) find_culprits(runner, plan, tolerance, outcome, d);
   if (d.non_finite) {
     StepOptions o;

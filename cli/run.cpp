@@ -89,14 +89,16 @@ const OptionTable<RunOptions>& run_option_table() {
                     "loopback: Gloo for CPU tensors, NCCL for CUDA ones; under torchrun (RANK, WORLD_SIZE, "
                     "MASTER_ADDR, MASTER_PORT set) each process joins as its rank instead",
                     &RunOptions::world_size)
-                    .check(whole_number(1, 256)));
+                    .check(whole_number(1, 256))
+                    .shared());
     t.push_back(Row("--timeout",
                     "the wall-clock limit of the run, in seconds (default: none for one process, 300 for a "
                     "data-parallel run): past it the run stops with one line naming the phase it was in (the "
                     "factory, the plain or the checkpointed step, ...) or the rank that did not finish, exit status "
                     "2, and no report",
                     &RunOptions::timeout)
-                    .check(whole_number(1, 86400)));
+                    .check(whole_number(1, 86400))
+                    .shared());
     t.push_back(Row("--accumulate",
                     "gradient accumulation: N micro-batches per step (inputs of seeds SEED..SEED+N-1), each with its "
                     "forward and backward, gradients summed; adds the gradient-accumulation check (the sums equal, "
@@ -224,7 +226,7 @@ namespace {
 
 // Starts the ranks of a data-parallel run from this process, after the checks that need no rank.
 int launch(const RunOptions& o, Model& model, const RunConfig& config) {
-  if (o.diagnose || o.bench) throw UsageError("--diagnose and --bench run in one process; drop --world-size for them");
+  if (o.bench) throw UsageError("--bench runs in one process; drop --world-size for it (`ckcheck bench --parallel` measures per rank)");
   check_batch_splits(model, o.model.seed, o.world_size);
   if (config.device.is_cuda() && o.world_size > static_cast<int>(torch::cuda::device_count())) {
     throw UsageError(fmt::format("NCCL needs a GPU per rank: this machine has {} for --world-size {}",
@@ -327,9 +329,11 @@ RunOptions default_run_options() {
 namespace {
 
 // The run's report, or nullopt where this process does not report: it started the ranks of a
-// data-parallel run (`status` gets theirs) or is a rank other than 0.
-std::optional<Report> run_report(const RunOptions& o, int& status) {
+// data-parallel run (`status` gets theirs) or is a rank other than 0. `command` is "run" or
+// "diagnose" (which diagnoses whatever the checks found, and whose verdict is the diagnosis's).
+std::optional<Report> run_report(const RunOptions& o, const std::string& command, int& status) {
   const auto t0 = std::chrono::steady_clock::now();
+  const bool diagnosing = command == "diagnose";
   const auto tolerance = Tolerance::parse(o.tolerance);
   auto checks = select_checks(split_list(o.checks), o.bench);
   // Data-parallel: start the ranks here, or be one of them.
@@ -394,20 +398,28 @@ std::optional<Report> run_report(const RunOptions& o, int& status) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);
   }
+  // Every rank runs the diagnosis's steps; whether there is one is rank 0's verdict.
+  bool diagnose_it = diagnosing || (o.diagnose && verdict_of(outcome.results) != Verdict::kPass);
+  if (dp && !diagnosing) diagnose_it = dp->rank0(diagnose_it ? "1" : "0") == "1";
+  std::optional<Diagnosis> diagnosis;
+  if (diagnose_it) diagnosis = diagnose(runner, plan, tolerance, outcome);
   // Only rank 0 reports; the others are done once they have said what they saw.
   if (collective && collective->rank() != 0) return std::nullopt;
   Report report;
-  report.command = "run";
+  report.command = command;
   report.model = model_info(*model, plan, checkpoint, runner.config());
   report.checks = outcome.results;
   report.tensors = outcome.diffs;
-  report.cost = outcome.cost;
-  report.verdict = verdict_of(report.checks);
-  report.reproduce = run_command_line(o);
-  report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), checks, checkpoint);
-  if (o.diagnose && report.verdict != Verdict::kPass) {
-    report.diagnosis = diagnose(runner, plan, tolerance, outcome);
+  report.diagnosis = diagnosis;
+  if (diagnosing) {
+    report.verdict = diagnosis->diverges || diagnosis->non_finite ? Verdict::kFail : Verdict::kPass;
+    report.reproduce = "ckcheck diagnose" + run_command_line(o).substr(std::string("ckcheck run").size());
+  } else {
+    report.cost = outcome.cost;
+    report.verdict = verdict_of(report.checks);
+    report.reproduce = run_command_line(o);
   }
+  report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), checks, checkpoint);
   speak_of_the_checkpoint(checkpoint.name, report);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
@@ -425,17 +437,19 @@ Report run_in_process(const RunOptions& o) {
                                 "with the ckcheck command (ckcheck run --timeout S), which watches a child process");
   }
   int status = 0;
-  return *run_report(o, status);
+  return *run_report(o, "run", status);
 }
 
-int run_run(const RunOptions& o) {
+int run_and_report(const RunOptions& o, const std::string& command) {
   // The report targets are checked before any work is done.
   const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   int status = 0;
-  const auto report = run_report(o, status);
+  const auto report = run_report(o, command, status);
   if (!report) return status;
   commit_reports(*report, targets);
   return report->verdict == Verdict::kPass ? 0 : 1;
 }
+
+int run_run(const RunOptions& o) { return run_and_report(o, "run"); }
 
 }  // namespace ckcheck::cli

@@ -62,6 +62,10 @@ Report run_in_process(const RunOptions& options);
 /// for bad input.
 int run_run(const RunOptions& options);
 
+/// `command` ("run" or "diagnose") with parsed options, in this process or on the ranks it starts
+/// or is one of; writes the reports and returns the exit code. Throws UsageError for bad input.
+int run_and_report(const RunOptions& options, const std::string& command);
+
 /// The options of a run as a command line (what reports print under "reproduce").
 std::string run_command_line(const RunOptions& options);
 

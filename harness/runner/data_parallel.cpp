@@ -88,6 +88,25 @@ void DataParallel::reduce_bucket(size_t b) {
   reduced_[b] = true;
 }
 
+bool DataParallel::any_rank(bool mine) {
+  const auto key = fmt::format("ckcheck/agree/{}/", agreements_++);
+  collective_.set(key + std::to_string(rank()), mine ? "1" : "0");
+  bool any = mine;
+  for (int r = 0; r < world_size(); ++r) {
+    if (r != rank()) any = collective_.get(key + std::to_string(r)) == "1" || any;
+  }
+  return any;
+}
+
+std::string DataParallel::rank0(const std::string& value) {
+  const auto key = fmt::format("ckcheck/agree/{}/0", agreements_++);
+  if (rank() == 0) {
+    collective_.set(key, value);
+    return value;
+  }
+  return collective_.get(key);
+}
+
 std::string engine_mixed_precision(const DataParallel* dp) {
   return dp && dp->engine() ? dp->engine()->engine_mixed_precision() : "off";
 }

@@ -98,6 +98,12 @@ class DataParallel : public StepParticipant {
   void begin_run() override;
   void end_run() override;
 
+  /// Whether `mine` holds on any rank. Every rank calls it at the same point of the same sequence
+  /// (what a rank runs next may depend on it); it waits for all of them.
+  bool any_rank(bool mine);
+  /// Rank 0's `value`, on every rank (called as any_rank is).
+  std::string rank0(const std::string& value);
+
   /// Parameters whose hook fired more than once, or never, in the last step.
   std::vector<std::string> ready_twice, never_ready;
 
@@ -113,6 +119,7 @@ class DataParallel : public StepParticipant {
   std::vector<torch::Tensor> grads_;  // what the hooks gave
   std::vector<bool> reduced_;
   std::vector<std::string> names_;
+  int64_t agreements_ = 0;  // the sequence number of the next any_rank or rank0
 };
 
 }  // namespace ckcheck

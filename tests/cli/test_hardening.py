@@ -153,8 +153,7 @@ for v in ["", "Torch", "reentrant", "torch,model"]:
 row(base + ["--checkpoint", "torch"], r"--checkpoint torch applies to Python models")
 for v in ["nofile.py", "nofile.py:make_model", "no_such_pkg_xyz.mod:make_model"]:
     row(["run", "--model", v], r"no Python file|importing no_such_pkg_xyz.mod failed")
-row(base + ["--world-size", "2", "--diagnose"], r"--diagnose and --bench run in one process")
-row(base + ["--world-size", "2", "--bench"], r"--diagnose and --bench run in one process")
+row(base + ["--world-size", "2", "--bench"], r"--bench runs in one process")
 row(["run", "--model", "faulty/rank-fault", "--fault-rank", "9", "--world-size", "2"], r"--fault-rank 9 is not a rank of this run: --world-size 2 has ranks 0 to 1")
 row(["run", "--model", "transformer", "--batch", "3", "--world-size", "2"], r"does not split evenly over --world-size 2")
 row(base + ["--device", "cuda:99", "--world-size", "2"], r"--device")

@@ -2,8 +2,8 @@
 data-parallel tests compare ckcheck's verdicts with.
 
 python ddp_truth.py FIXTURE_FILE FACTORY CHECKPOINT OUT.json, with RANK, WORLD_SIZE and
-MASTER_PORT set; CHECKPOINT is none, torch or torch-reentrant (every block of model.blocks under
-torch.utils.checkpoint). Two training steps on this rank's shard of the factory's batch; writes
+MASTER_PORT set; CHECKPOINT is none, torch, torch-no-rng (preserve_rng_state=False) or
+torch-reentrant (every block of model.blocks under torch.utils.checkpoint). Two training steps on this rank's shard of the factory's batch; writes
 {"error": the first error, "grads": {name: gradient as a list, or null}} of the first step.
 """
 
@@ -46,7 +46,7 @@ def main(path, factory, mode, out):
         (model, x), options = made, {}
     if mode != "none":
         for i, block in enumerate(model.blocks):
-            model.blocks[i] = Checkpointed(block, mode == "torch-reentrant")
+            model.blocks[i] = Checkpointed(block, mode == "torch-reentrant", mode != "torch-no-rng")
     rank, world = join()
     ddp = DistributedDataParallel(model, **options)
     shard = x.chunk(world)[rank]
@@ -69,13 +69,14 @@ def main(path, factory, mode, out):
 
 
 class Checkpointed(torch.nn.Module):
-    def __init__(self, block, reentrant):
+    def __init__(self, block, reentrant, preserve_rng_state=True):
         super().__init__()
         self.block = block
         self.reentrant = reentrant
+        self.preserve_rng_state = preserve_rng_state
 
     def forward(self, h):
-        return checkpoint(self.block, h, use_reentrant=self.reentrant)
+        return checkpoint(self.block, h, use_reentrant=self.reentrant, preserve_rng_state=self.preserve_rng_state)
 
 
 if __name__ == "__main__":

@@ -320,14 +320,16 @@ def test_two_torchrun_nodes_give_the_report_of_world_size_two(ckcheck, tmp_path,
     assert got["config"]["world_size"] == 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--world-size", "2"], "add --parallel ddp"),
-    (["--parallel", "ddp"], "add --world-size N"),
-    (["--parallel", "ddp", "--world-size", "2", "--compile"], "--parallel applies to eager training"),
-    (["--parallel", "ddp", "--world-size", "2", "--diagnose"], "run in one process"),
+@pytest.mark.parametrize("command, args, message", [
+    *[(command, args, message) for command in ("run", "diagnose") for args, message in [
+        (["--world-size", "2"], "add --parallel ddp"),
+        (["--parallel", "ddp"], "add --world-size N"),
+        (["--parallel", "ddp", "--world-size", "2", "--compile"], "--parallel applies to eager training"),
+    ]],
+    ("run", ["--parallel", "ddp", "--world-size", "2", "--bench"], "--bench runs in one process"),
 ])
-def test_usage_errors(ckcheck, args, message):
-    r = ckcheck("run", "--model", f"{MODELS}:transformer", *args)
+def test_usage_errors(ckcheck, command, args, message):
+    r = ckcheck(command, "--model", f"{MODELS}:transformer", *args)
     lines = r.err.strip().splitlines()
     assert r.code == 2 and len(lines) == 1 and message in lines[0], r.err
 
@@ -335,8 +337,3 @@ def test_usage_errors(ckcheck, args, message):
 def test_parallel_applies_to_python_models(ckcheck):
     r = ckcheck("run", "--model", "mlp", "--parallel", "ddp", "--world-size", "2")
     assert r.code == 2 and "--parallel applies to Python models" in r.err, r.err
-
-
-def test_diagnose_refuses_parallel(ckcheck):
-    r = ckcheck("diagnose", "--model", f"{MODELS}:transformer", "--parallel", "ddp")
-    assert r.code == 2 and "diagnose runs in one process" in r.err, r.err

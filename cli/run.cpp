@@ -398,9 +398,10 @@ std::optional<Report> run_report(const RunOptions& o, const std::string& command
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);
   }
-  // Every rank runs the diagnosis's steps; whether there is one is rank 0's verdict.
+  // Every rank runs the diagnosis's steps; under run --diagnose, whether there is one is rank 0's
+  // verdict.
   bool diagnose_it = diagnosing || (o.diagnose && verdict_of(outcome.results) != Verdict::kPass);
-  if (dp && !diagnosing) diagnose_it = dp->rank0(diagnose_it ? "1" : "0") == "1";
+  if (dp && o.diagnose && !diagnosing) diagnose_it = dp->rank0(diagnose_it ? "1" : "0") == "1";
   std::optional<Diagnosis> diagnosis;
   if (diagnose_it) diagnosis = diagnose(runner, plan, tolerance, outcome);
   // Only rank 0 reports; the others are done once they have said what they saw.

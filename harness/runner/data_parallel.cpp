@@ -88,6 +88,16 @@ void DataParallel::reduce_bucket(size_t b) {
   reduced_[b] = true;
 }
 
+// Rank 0 hosts the store: it waits for every other rank to say it has read what it needed
+// before it goes on, so that it can never end the run while a peer still reads from it.
+void DataParallel::acknowledge(const std::string& key) {
+  if (rank() != 0) {
+    collective_.set(key + "ack/" + std::to_string(rank()), "1");
+    return;
+  }
+  for (int r = 1; r < world_size(); ++r) collective_.get(key + "ack/" + std::to_string(r));
+}
+
 bool DataParallel::any_rank(bool mine) {
   const auto key = fmt::format("ckcheck/agree/{}/", agreements_++);
   collective_.set(key + std::to_string(rank()), mine ? "1" : "0");
@@ -95,16 +105,20 @@ bool DataParallel::any_rank(bool mine) {
   for (int r = 0; r < world_size(); ++r) {
     if (r != rank()) any = collective_.get(key + std::to_string(r)) == "1" || any;
   }
+  acknowledge(key);
   return any;
 }
 
 std::string DataParallel::rank0(const std::string& value) {
-  const auto key = fmt::format("ckcheck/agree/{}/0", agreements_++);
+  const auto key = fmt::format("ckcheck/agree/{}/", agreements_++);
+  std::string agreed = value;
   if (rank() == 0) {
-    collective_.set(key, value);
-    return value;
+    collective_.set(key + "0", value);
+  } else {
+    agreed = collective_.get(key + "0");
   }
-  return collective_.get(key);
+  acknowledge(key);
+  return agreed;
 }
 
 std::string engine_mixed_precision(const DataParallel* dp) {

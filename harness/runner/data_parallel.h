@@ -99,7 +99,8 @@ class DataParallel : public StepParticipant {
   void end_run() override;
 
   /// Whether `mine` holds on any rank. Every rank calls it at the same point of the same sequence
-  /// (what a rank runs next may depend on it); it waits for all of them.
+  /// (what a rank runs next may depend on it); it waits for all of them, and rank 0 returns only
+  /// once every other rank has read the answer (it hosts the store and may end the run next).
   bool any_rank(bool mine);
   /// Rank 0's `value`, on every rank (called as any_rank is).
   std::string rank0(const std::string& value);
@@ -109,6 +110,7 @@ class DataParallel : public StepParticipant {
 
  private:
   void reduce_bucket(size_t b);
+  void acknowledge(const std::string& key);
 
   Collective& collective_;
   ParallelEngine* engine_ = nullptr;

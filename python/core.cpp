@@ -360,6 +360,10 @@ class PythonModel : public Model, public ParallelEngine {
     IntoPython gil;
     return adapter_.attr("mixed_precision").cast<std::string>();
   }
+  std::vector<std::string> engine_op_scopes() const override {
+    IntoPython gil;
+    return adapter_.attr("engine_op_scopes").cast<std::vector<std::string>>();
+  }
   std::optional<std::vector<int64_t>> engine_hook_fires() override {
     IntoPython gil;
     const py::object fires = adapter_.attr("engine_hook_fires")();

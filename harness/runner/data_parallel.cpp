@@ -121,6 +121,10 @@ std::string DataParallel::rank0(const std::string& value) {
   return agreed;
 }
 
+std::vector<std::string> engine_op_scopes(const DataParallel* dp) {
+  return dp && dp->engine() ? dp->engine()->engine_op_scopes() : std::vector<std::string>{};
+}
+
 std::string engine_mixed_precision(const DataParallel* dp) {
   return dp && dp->engine() ? dp->engine()->engine_mixed_precision() : "off";
 }

@@ -61,7 +61,13 @@ class ParallelEngine {
   /// The dtype the engine computes in where it casts the parameters itself (FSDP2's mixed
   /// precision: "bf16", "fp16"), or "off".
   virtual std::string engine_mixed_precision() const { return "off"; }
+  /// Prefixes of the record_function scopes the engine runs its own ops in (FSDP2's "FSDP::"):
+  /// op traces leave those ops out, as they are the engine's work and not the model's.
+  virtual std::vector<std::string> engine_op_scopes() const { return {}; }
 };
+
+/// The engine's own op scopes where a data-parallel run has an engine, else none.
+std::vector<std::string> engine_op_scopes(const class DataParallel* dp);
 
 /// The engine's mixed precision ("bf16", "fp16") where a data-parallel run has one, else "off".
 std::string engine_mixed_precision(const class DataParallel* dp);

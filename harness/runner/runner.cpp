@@ -684,7 +684,10 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   set_phase(label == "reference" ? "the plain step" : label == "checkpointed" ? "the checkpointed step" : "a further step");
   const auto autocast = autocast_for(options.amp.value_or(config_.amp), config_.device);
   std::optional<OpTracer> tracer;
-  if (options.trace != TraceLevel::kNone) tracer.emplace(options.trace, options.value_budget_bytes, options.value_site);
+  if (options.trace != TraceLevel::kNone) {
+    tracer.emplace(options.trace, options.value_budget_bytes, options.value_site,
+                   options.data_parallel ? engine_op_scopes(config_.data_parallel) : std::vector<std::string>{});
+  }
   OpTracer* tp = tracer ? &*tracer : nullptr;
   auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_, plan);
   auto base = checkpoint_options(config_, options);

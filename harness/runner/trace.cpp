@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <unordered_set>
 
 #include "harness/runner/compare.h"
 #include "harness/support/global_state.h"
@@ -52,6 +53,8 @@ struct OpTracer::Impl {
   std::map<int64_t, std::string> site_of_seq;  // forward/recompute op seq_nr -> site
   std::vector<std::string> nodes;              // backward nodes being run
   int depth = 0;
+  std::vector<std::string> skipped_scopes;
+  int skipping = 0;  // skipped scopes open
   at::CallbackHandle handle = 0;
 };
 
@@ -62,6 +65,7 @@ std::atomic<OpTracer::Impl*> active{nullptr};
 struct Ctx : at::ObserverContext {
   size_t record = 0;
   bool node = false;
+  bool skipped_scope = false;
 };
 
 bool inside(const std::string& site, const std::string& outer) {
@@ -98,6 +102,18 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!t) return nullptr;
   std::lock_guard<std::mutex> lock(t->mutex);
   auto ctx = std::make_unique<Ctx>();
+  if (fn.scope() == at::RecordScope::USER_SCOPE) {
+    const std::string scope = fn.name();
+    for (const auto& prefix : t->skipped_scopes) {
+      if (scope.rfind(prefix, 0) == 0) {
+        ctx->skipped_scope = true;
+        ++t->skipping;
+        return ctx;
+      }
+    }
+    return nullptr;
+  }
+  if (t->skipping > 0 && fn.scope() == at::RecordScope::FUNCTION) return nullptr;
   static const std::string engine_prefix = "autograd::engine::evaluate_function: ";
   std::string name = fn.name();
   const bool engine = name.rfind(engine_prefix, 0) == 0;
@@ -149,6 +165,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* base) {
   // Our own tensor work below must not be recorded.
   at::DisableRecordFunctionGuard no_recording;
   std::lock_guard<std::mutex> lock(t->mutex);
+  if (ctx->skipped_scope) {
+    --t->skipping;
+    return;
+  }
   if (ctx->node) {
     if (!t->nodes.empty()) t->nodes.pop_back();
     return;
@@ -187,20 +207,24 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* base) {
 
 }  // namespace
 
-OpTracer::OpTracer(TraceLevel level, int64_t value_budget_bytes, std::string value_site)
+OpTracer::OpTracer(TraceLevel level, int64_t value_budget_bytes, std::string value_site,
+                   std::vector<std::string> skipped_scopes)
     : level_(level), impl_(std::make_unique<Impl>()) {
   impl_->level = level;
+  impl_->skipped_scopes = std::move(skipped_scopes);
   impl_->budget = value_budget_bytes;
   impl_->value_site = std::move(value_site);
   if (level == TraceLevel::kNone) return;
   Impl* expected = nullptr;
   TORCH_CHECK(active.compare_exchange_strong(expected, impl_.get()),
               "ckcheck: only one op tracer can record at a time");
-  impl_->handle = at::addGlobalCallback(
-      at::RecordFunctionCallback(on_start, on_end)
-          .needsInputs(true)
-          .needsOutputs(level >= TraceLevel::kDtypes)
-          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  std::unordered_set<at::RecordScope, std::hash<at::RecordScope>> scopes = {at::RecordScope::FUNCTION,
+                                                                            at::RecordScope::BACKWARD_FUNCTION};
+  if (!impl_->skipped_scopes.empty()) scopes.insert(at::RecordScope::USER_SCOPE);
+  impl_->handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                            .needsInputs(true)
+                                            .needsOutputs(level >= TraceLevel::kDtypes)
+                                            .scopes(scopes));
 }
 
 OpTracer::~OpTracer() {

@@ -48,7 +48,10 @@ class OpTracer {
  public:
   /// `value_budget_bytes`: how many bytes of output copies to keep (kFull only); copies are only
   /// kept for ops inside `value_site` (or everywhere when it is empty).
-  explicit OpTracer(TraceLevel level, int64_t value_budget_bytes = 0, std::string value_site = "");
+  /// `skipped_scopes`: prefixes of record_function scopes whose ops are not the model's (a
+  /// data-parallel engine's own work): ops run inside them are not recorded.
+  explicit OpTracer(TraceLevel level, int64_t value_budget_bytes = 0, std::string value_site = "",
+                    std::vector<std::string> skipped_scopes = {});
   ~OpTracer();
   OpTracer(const OpTracer&) = delete;
   OpTracer& operator=(const OpTracer&) = delete;

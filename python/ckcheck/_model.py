@@ -557,6 +557,11 @@ class ModelAdapter:
         """FSDP2's parameter dtype under --mixed-precision ("bf16", "fp16"), or "off"."""
         return getattr(self._engine, "mixed_precision", "off")
 
+    @property
+    def engine_op_scopes(self):
+        """Prefixes of the record_function scopes the engine runs its own ops in."""
+        return list(getattr(self._engine, "op_scopes", ()))
+
     def engine_hook_fires(self):
         """The engine's count of each parameter's gradient hook in the last backward (named_parameters
         order), or None where the parameters' own hooks fire."""

@@ -183,6 +183,10 @@ class FsdpEngine:
     FSDP2 runs their post-accumulate hooks once it has reduced a gradient."""
 
     name = "fsdp"
+    # FSDP2's own work (all-gathers, casts, reduce-scatters) runs in record_function scopes of these
+    # names: ops there are the engine's, not the model's (a checkpoint around an FSDP unit runs its
+    # pre-forward all-gather in the forward and not in the recompute).
+    op_scopes = ("FSDP::",)
 
     def __init__(self, adapter, options, timeout_s, mixed_precision="off"):
         self.adapter = adapter

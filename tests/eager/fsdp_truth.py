@@ -5,7 +5,8 @@ python fsdp_truth.py FIXTURE_FILE FACTORY CHECKPOINT PRECISION OUT.json, with RA
 MASTER_PORT set; CHECKPOINT is none, torch or torch-reentrant (each block of model.blocks under
 torch.utils.checkpoint, inside its fully_shard unit) or model (the Hugging Face model's own switch
 on, each of its checkpointing layers sharded, the checkpoints they call counted as
-"checkpoint_calls"); PRECISION is off or bf16 (MixedPrecisionPolicy
+"checkpoint_calls") or enable (the factory's own "enable" switch on, each of model.blocks sharded:
+timm's set_grad_checkpointing checkpoints from the root's forward, around the sharded blocks); PRECISION is off or bf16 (MixedPrecisionPolicy
 with the parameters in bf16, gradients reduced in float32). fully_shard on each block, then the
 root. One training step on this rank's shard of the factory's batch; writes {"error": the first
 error, "grads": {name: the full gradient as a list, or null}}.
@@ -42,6 +43,9 @@ def main(path, factory, mode, precision, out):
         blocks = [m for m in model.modules() if hasattr(type(m), "gradient_checkpointing")]
         for block in blocks:  # the checkpoint each layer calls, counted (transformers documents this attribute)
             block._gradient_checkpointing_func = _counted(block._gradient_checkpointing_func, calls)
+    elif mode == "enable":
+        made["enable"]()
+        blocks = list(model.blocks)
     else:
         blocks = list(model.blocks)
         for i, block in enumerate(blocks):

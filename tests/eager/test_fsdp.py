@@ -54,6 +54,22 @@ def test_a_hugging_face_models_own_switch_checkpoints_in_the_sharded_copy(ckchec
     assert r.check("gradients")["status"] == "pass" and r.check("rank-rng")["status"] == "pass", r.out
 
 
+def test_a_checkpoint_around_fsdp2_units_is_not_blamed_for_fsdp2s_own_ops(ckcheck, tmp_path):
+    # PyTorch: timm's own switch checkpoints each block from the ViT's forward, around the block's
+    # FSDP2 unit, so the unit's all-gather runs inside the checkpoint in the forward and not in the
+    # recompute; under bf16 mixed precision the step trains without error and with the gradients of
+    # the same model with the switch off, bitwise.
+    vision = fixture("vision.py")
+    plain = pytorch_truth(tmp_path, TRUTH, ["timm_vit", "none", "bf16"], models=vision)
+    switched = pytorch_truth(tmp_path, TRUTH, ["timm_vit", "enable", "bf16"], models=vision)
+    assert not switched[0]["error"] and plain[0]["grads"] == switched[0]["grads"], switched[0]["error"]
+    r = ckcheck("run", "--model", f"{vision}:timm_vit", "--checkpoint", "model", "--parallel", "fsdp",
+                "--mixed-precision", "bf16", "--world-size", 2, "--timeout", 120)
+    assert r.code == 0, r.out + r.err
+    assert r.check("autocast")["status"] == "pass" and "FSDP2's mixed precision (bf16)" in r.check("autocast")["summary"]
+    # The negative control, a recompute in another dtype, is test_a_recompute_in_another_dtype_under_mixed_precision_is_found.
+
+
 def test_world_size_four_and_the_factorys_fsdp_options(ckcheck):
     r = fsdp_run(ckcheck, "transformer_reshard_kept", "torch", world=4)
     assert r.code == 0, r.out + r.err

@@ -15,13 +15,6 @@
 namespace ckcheck {
 namespace {
 
-// Bytes the checkpointed sites among the first `k` free: prefix[k].
-std::vector<int64_t> freed_prefix(const StepProfile& p, const std::vector<bool>& s) {
-  std::vector<int64_t> prefix(p.sites.size() + 1, 0);
-  for (size_t j = 0; j < p.sites.size(); ++j) prefix[j + 1] = prefix[j] + (s[j] ? p.sites[j].kept_bytes : 0);
-  return prefix;
-}
-
 int64_t region_peak(const StepProfile& p, const PeakRegion& r, int64_t freed, bool recomputed) {
   return r.peak_bytes - freed + (recomputed ? p.sites[*r.recomputes].recompute_extra_bytes : 0);
 }
@@ -29,7 +22,7 @@ int64_t region_peak(const StepProfile& p, const PeakRegion& r, int64_t freed, bo
 // Sites alike in memory (the same input, output, activations kept and forward peak: repeated
 // blocks) cost the same: the median of their recompute times. Which of identical blocks a plan takes is
 // then decided by memory, never by the clock's noise.
-std::vector<double> grouped_costs(const StepProfile& p) {
+std::vector<double> grouped_costs(const StepProfile& p, const std::vector<double>& raw) {
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, std::vector<size_t>> groups;
   for (size_t i = 0; i < p.sites.size(); ++i) {
     const auto& c = p.sites[i];
@@ -38,7 +31,7 @@ std::vector<double> grouped_costs(const StepProfile& p) {
   std::vector<double> cost(p.sites.size(), 0.0);
   for (const auto& [key, members] : groups) {
     std::vector<double> times;
-    for (size_t i : members) times.push_back(p.sites[i].recompute_seconds);
+    for (size_t i : members) times.push_back(raw[i]);
     const double m = median(times);
     for (size_t i : members) cost[i] = m;
   }
@@ -82,12 +75,17 @@ std::string site_of_finding(const std::string& found, const std::vector<std::str
 
 }  // namespace
 
-int64_t predict_peak(const StepProfile& p, const std::vector<bool>& s, std::string* where) {
-  const auto prefix = freed_prefix(p, s);
+namespace {
+
+// The predicted peak when site j frees freed[j] and its backward recomputes it when recomputed[j].
+int64_t peak_of(const StepProfile& p, const std::vector<int64_t>& freed, const std::vector<bool>& recomputed,
+                std::string* where) {
+  std::vector<int64_t> prefix(p.sites.size() + 1, 0);
+  for (size_t j = 0; j < p.sites.size(); ++j) prefix[j + 1] = prefix[j] + freed[j];
   int64_t peak = 0;
   for (const auto& r : p.regions) {
-    const bool recomputed = r.recomputes && s[*r.recomputes];
-    const int64_t v = region_peak(p, r, prefix[std::min(r.holding, p.sites.size())], recomputed);
+    const bool recompute = r.recomputes && recomputed[*r.recomputes];
+    const int64_t v = region_peak(p, r, prefix[std::min(r.holding, p.sites.size())], recompute);
     if (v > peak || (where && where->empty())) {
       peak = std::max(peak, v);
       if (where) *where = r.where;
@@ -96,16 +94,47 @@ int64_t predict_peak(const StepProfile& p, const std::vector<bool>& s, std::stri
   return peak;
 }
 
-double predict_seconds(const StepProfile& p, const std::vector<bool>& s) {
+// What a checkpoint at each site frees and adds in time, for the plans of one family: whole
+// checkpoints (nothing saved) or selective ones saving the op classes `saved`.
+struct Figures {
+  std::vector<int64_t> frees;
+  std::vector<double> cost;      // grouped (the solver's)
+  std::vector<double> seconds;   // as measured (the prediction's)
+};
+
+Figures figures_of(const StepProfile& p, const std::vector<size_t>& saved) {
+  Figures f;
+  std::vector<double> raw;
+  for (size_t j = 0; j < p.sites.size(); ++j) {
+    int64_t kept = 0;
+    double spared = 0.0;
+    for (size_t c : saved) {
+      kept += p.op_classes[c].site_bytes[j];
+      spared += p.op_classes[c].site_seconds[j];
+    }
+    f.frees.push_back(std::max<int64_t>(0, p.sites[j].kept_bytes - kept));
+    f.seconds.push_back(std::max(0.0, p.sites[j].recompute_seconds - spared));
+  }
+  f.cost = grouped_costs(p, f.seconds);
+  return f;
+}
+
+std::vector<int64_t> freed_by(const Figures& f, const std::vector<bool>& s) {
+  std::vector<int64_t> freed(s.size());
+  for (size_t j = 0; j < s.size(); ++j) freed[j] = s[j] ? f.frees[j] : 0;
+  return freed;
+}
+
+double seconds_of(const StepProfile& p, const Figures& f, const std::vector<bool>& s) {
   double t = p.step_seconds;
-  for (size_t i = 0; i < p.sites.size(); ++i) t += s[i] ? p.sites[i].recompute_seconds : 0.0;
+  for (size_t i = 0; i < s.size(); ++i) t += s[i] ? f.seconds[i] : 0.0;
   return t;
 }
 
-std::optional<std::vector<bool>> solve_plan(const StepProfile& p, int64_t budget, const std::set<size_t>& excluded,
-                                            SolverStats* stats) {
+// The exact dynamic program of solve_plan over one family's figures; the best state.
+std::optional<State> solve_sites(const StepProfile& p, const Figures& f, int64_t budget, const std::set<size_t>& excluded,
+                                 SolverStats* stats) {
   const size_t n = p.sites.size();
-  const auto cost = grouped_costs(p);
   // The stretches by the number of sites before them that hold their activations.
   std::vector<std::vector<const PeakRegion*>> at(n + 1);
   for (const auto& r : p.regions) at[std::min(r.holding, n)].push_back(&r);
@@ -130,12 +159,12 @@ std::optional<std::vector<bool>> solve_plan(const StepProfile& p, int64_t budget
         continue;
       }
       for (const bool take : {false, true}) {
-        if (take && (excluded.count(k) || p.sites[k].kept_bytes <= 0)) continue;
+        if (take && (excluded.count(k) || f.frees[k] <= 0)) continue;
         State t = s;
         if (!check(t, k, take)) continue;  // site k's backward, recomputing it when taken
         if (take) {
-          t.freed += p.sites[k].kept_bytes;
-          t.cost += cost[k];
+          t.freed += f.frees[k];
+          t.cost += f.cost[k];
           t.taken[k] = true;
         }
         next.push_back(std::move(t));
@@ -148,13 +177,79 @@ std::optional<std::vector<bool>> solve_plan(const StepProfile& p, int64_t budget
   if (stats) *stats = local;
   if (front.empty()) return std::nullopt;
   // The least time added; of plans equal in time, the fewest sites, then the lowest predicted peak.
+  const auto peak = [&](const State& s) { return peak_of(p, freed_by(f, s.taken), s.taken, nullptr); };
   const auto best = std::min_element(front.begin(), front.end(), [&](const State& a, const State& b) {
     if (!same_cost(a.cost, b.cost)) return a.cost < b.cost;
     const auto na = std::count(a.taken.begin(), a.taken.end(), true), nb = std::count(b.taken.begin(), b.taken.end(), true);
     if (na != nb) return na < nb;
-    return predict_peak(p, a.taken) < predict_peak(p, b.taken);
+    return peak(a) < peak(b);
   });
+  return *best;
+}
+
+}  // namespace
+
+int64_t predict_peak(const StepProfile& p, const std::vector<bool>& s, std::string* where) {
+  return peak_of(p, freed_by(figures_of(p, {}), s), s, where);
+}
+
+double predict_seconds(const StepProfile& p, const std::vector<bool>& s) { return seconds_of(p, figures_of(p, {}), s); }
+
+int64_t predict_sac_peak(const StepProfile& p, const SacPlan& plan, std::string* where) {
+  return peak_of(p, freed_by(figures_of(p, plan.saved), plan.sites), plan.sites, where);
+}
+
+double predict_sac_seconds(const StepProfile& p, const SacPlan& plan) {
+  return seconds_of(p, figures_of(p, plan.saved), plan.sites);
+}
+
+std::optional<std::vector<bool>> solve_plan(const StepProfile& p, int64_t budget, const std::set<size_t>& excluded,
+                                            SolverStats* stats) {
+  const auto best = solve_sites(p, figures_of(p, {}), budget, excluded, stats);
+  if (!best) return std::nullopt;
   return best->taken;
+}
+
+std::optional<SacPlan> solve_sac_plan(const StepProfile& p, int64_t budget, const std::set<size_t>& excluded,
+                                      const std::set<std::string>& failed, int64_t* evaluated) {
+  const size_t k = std::min(kSacClasses, p.op_classes.size());
+  std::optional<SacPlan> best;
+  double best_cost = 0.0;
+  int64_t best_peak = 0;
+  for (uint32_t mask = 1; mask < (1u << k); ++mask) {
+    SacPlan plan;
+    for (size_t c = 0; c < k; ++c) {
+      if (mask & (1u << c)) plan.saved.push_back(c);
+    }
+    if (evaluated) ++*evaluated;
+    const auto f = figures_of(p, plan.saved);
+    const auto s = solve_sites(p, f, budget, excluded, nullptr);
+    if (!s || std::none_of(s->taken.begin(), s->taken.end(), [](bool b) { return b; })) continue;
+    plan.sites = s->taken;
+    if (failed.count(sac_policy(p, plan))) continue;
+    const int64_t peak = peak_of(p, freed_by(f, s->taken), s->taken, nullptr);
+    // The least time added; then the fewest ops saved, then the lowest predicted peak.
+    const bool better = !best || (!same_cost(s->cost, best_cost) && s->cost < best_cost) ||
+                        (same_cost(s->cost, best_cost) &&
+                         (plan.saved.size() < best->saved.size() || (plan.saved.size() == best->saved.size() && peak < best_peak)));
+    if (better) {
+      best = plan;
+      best_cost = s->cost;
+      best_peak = peak;
+    }
+  }
+  return best;
+}
+
+std::string sac_policy(const StepProfile& p, const SacPlan& plan) {
+  std::vector<std::string> ops, sites;
+  for (size_t c : plan.saved) ops.push_back(p.op_classes[c].op);
+  std::sort(ops.begin(), ops.end());
+  for (size_t i = 0; i < p.sites.size(); ++i) {
+    if (plan.sites[i]) sites.push_back(p.sites[i].site);
+  }
+  const bool all = sites.size() == p.sites.size();
+  return "sac:" + fmt::format("{}", fmt::join(ops, "+")) + (all ? "" : "@" + fmt::format("{}", fmt::join(sites, "+")));
 }
 
 std::string plan_policy(const StepProfile& p, const std::vector<bool>& s) {
@@ -187,6 +282,18 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
   if (!out.profile.error.empty()) {
     throw UsageError("the model's plain training step fails, so it cannot be profiled: " + out.profile.error);
   }
+  // Selective plans, where the checkpoint under test takes an op-level policy.
+  if (!model.selective_problem({"aten.mm"}).empty()) {
+    out.profile.op_classes_note =
+        "no selective (sac:OPS) plans: they need torch.utils.checkpoint's non-reentrant checkpoint on a Python model trained eagerly";
+  } else {
+    profile_op_classes(runner, out.profile, options.profile_warmup, options.profile_steps);
+    if (!out.profile.op_classes.empty()) {
+      out.solver += fmt::format("; selective plans (sac:OPS@SITES): exhaustive over the subsets of the {} op "
+                                "classes that take most time, the same program over the sites for each: O(2^K*n*F)",
+                                std::min(kSacClasses, out.profile.op_classes.size()));
+    }
+  }
   const auto& prof = out.profile;
   const int64_t budget = options.memory_budget_bytes - prof.baseline_bytes;
   if (budget < 0) {
@@ -196,9 +303,34 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
     return out;
   }
   std::set<size_t> excluded;
+  std::set<std::string> sac_failed;  // selective plans that failed their checks
   std::map<std::string, std::pair<std::string, std::vector<std::string>>> known;
   int64_t margin = 0;  // taken off the budget after a plan measured over it
   std::optional<size_t> accepted;
+  // Runs the checks on a plan; the sites the failing checks name.
+  auto verify = [&](PlanAttempt& a) {
+    const auto plan = Plan::make(model, site_globs, Policy::parse(a.policy));
+    const auto outcome = run_checks(runner, plan, options.bench.tolerance, select_checks({}));
+    a.checks = verdict_name(verdict_of(outcome.results));
+    a.check_failures = check_failures(outcome.results);
+    std::set<std::string> named;
+    for (const auto& c : outcome.results) {
+      if (c.status != Status::kFail && c.status != Status::kError) continue;
+      // A step that threw says where ("the checkpointed step threw at blocks.0: ...").
+      for (const auto& site : a.sites) {
+        if (c.findings.empty() && names_site(c.summary, site)) named.insert(site);
+      }
+      for (const auto& g : c.findings) {
+        const auto site = site_of_finding(g.site, a.sites);
+        if (!site.empty()) named.insert(site);
+      }
+    }
+    known[Policy::parse(a.policy).text()] = {a.checks, a.check_failures};
+    return named;
+  };
+  // A selective plan's op-level policy runs in Python around every op, a cost no profile of the
+  // ops shows: the module plan it was preferred to is verified and measured beside it.
+  std::optional<size_t> rival;
   for (int64_t round = 0; round < 3; ++round) {
     // Solve and check until a plan passes its checks.
     accepted.reset();
@@ -207,35 +339,37 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
       const auto s = solve_plan(prof, budget - margin, excluded, &stats);
       out.stats.states += stats.states;
       out.stats.largest_front = std::max(out.stats.largest_front, stats.largest_front);
-      if (!s) break;
+      const auto sac = solve_sac_plan(prof, budget - margin, excluded, sac_failed, &out.sac_subsets);
+      if (!s && !sac) break;
       PlanAttempt a;
-      a.policy = plan_policy(prof, *s);
-      for (size_t i = 0; i < s->size(); ++i) {
-        if ((*s)[i]) a.sites.push_back(prof.sites[i].site);
+      std::optional<PlanAttempt> module_plan;
+      if (s) {
+        a.policy = plan_policy(prof, *s);
+        for (size_t i = 0; i < s->size(); ++i) {
+          if ((*s)[i]) a.sites.push_back(prof.sites[i].site);
+        }
+        a.predicted_peak_bytes = predict_peak(prof, *s, &a.peak_where);
+        a.predicted_seconds = predict_seconds(prof, *s);
       }
-      a.predicted_peak_bytes = predict_peak(prof, *s, &a.peak_where);
-      a.predicted_seconds = predict_seconds(prof, *s);
+      // The selective plan where it is predicted faster (the module plan on a tie: it is simpler).
+      if (sac && (!s || (predict_sac_seconds(prof, *sac) < a.predicted_seconds &&
+                         !same_cost(predict_sac_seconds(prof, *sac), a.predicted_seconds)))) {
+        if (s && !a.sites.empty()) module_plan = a;
+        a = PlanAttempt{};
+        a.policy = sac_policy(prof, *sac);
+        for (size_t i = 0; i < prof.sites.size(); ++i) {
+          if (sac->sites[i]) a.sites.push_back(prof.sites[i].site);
+        }
+        for (size_t c : sac->saved) a.saved_ops.push_back(prof.op_classes[c].op);
+        std::sort(a.saved_ops.begin(), a.saved_ops.end());
+        a.peak_where.clear();
+        a.predicted_peak_bytes = predict_sac_peak(prof, *sac, &a.peak_where);
+        a.predicted_seconds = predict_sac_seconds(prof, *sac);
+      }
       const bool repeated = std::any_of(out.attempts.begin(), out.attempts.end(), [&](const PlanAttempt& b) { return b.policy == a.policy; });
       if (repeated) break;
       if (!a.sites.empty()) {
-        const auto plan = Plan::make(model, site_globs, Policy::parse(a.policy));
-        const auto outcome = run_checks(runner, plan, options.bench.tolerance, select_checks({}));
-        a.checks = verdict_name(verdict_of(outcome.results));
-        a.check_failures = check_failures(outcome.results);
-        // The sites the failing checks name.
-        std::set<std::string> named;
-        for (const auto& c : outcome.results) {
-          if (c.status != Status::kFail && c.status != Status::kError) continue;
-          // A step that threw says where ("the checkpointed step threw at blocks.0: ...").
-          for (const auto& site : a.sites) {
-            if (c.findings.empty() && names_site(c.summary, site)) named.insert(site);
-          }
-          for (const auto& g : c.findings) {
-            const auto site = site_of_finding(g.site, a.sites);
-            if (!site.empty()) named.insert(site);
-          }
-        }
-        known[Policy::parse(a.policy).text()] = {a.checks, a.check_failures};
+        const auto named = verify(a);
         if (a.checks == "error" && named.empty()) {
           // The checks cannot judge this model's checkpointed step, and no site is to blame (its
           // plain step does not repeat, say): no other plan would be judged either.
@@ -247,20 +381,42 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
           break;
         }
         if (a.checks != "pass") {
+          if (!a.saved_ops.empty()) sac_failed.insert(a.policy);
           // The sites the findings name; where they name none, every site of the plan.
-          a.set_aside = named.empty() ? a.sites : std::vector<std::string>(named.begin(), named.end());
+          // A selective plan whose findings name no site is set aside alone.
+          if (!named.empty()) {
+            a.set_aside.assign(named.begin(), named.end());
+          } else if (a.saved_ops.empty()) {
+            a.set_aside = a.sites;
+          }
           for (size_t i = 0; i < prof.sites.size(); ++i) {
             if (std::count(a.set_aside.begin(), a.set_aside.end(), prof.sites[i].site)) excluded.insert(i);
           }
-          a.outcome = fmt::format("not recommended: {} its checks ({}); the next plan leaves {} alone",
-                                  a.checks == "fail" ? "fails" : "cannot pass", fmt::join(a.check_failures, "; "),
-                                  fmt::join(a.set_aside, ", "));
+          a.outcome = fmt::format("not recommended: {} its checks ({}); {}", a.checks == "fail" ? "fails" : "cannot pass",
+                                  fmt::join(a.check_failures, "; "),
+                                  a.set_aside.empty() ? "the next plan is another"
+                                                      : fmt::format("the next plan leaves {} alone", fmt::join(a.set_aside, ", ")));
           out.attempts.push_back(a);
           continue;
         }
       }
       out.attempts.push_back(a);
       accepted = out.attempts.size() - 1;
+      rival.reset();
+      if (module_plan) {
+        const auto seen = std::find_if(out.attempts.begin(), out.attempts.end(),
+                                       [&](const PlanAttempt& b) { return b.policy == module_plan->policy; });
+        if (seen != out.attempts.end()) {
+          if (seen->checks == "pass") rival = static_cast<size_t>(seen - out.attempts.begin());
+        } else {
+          verify(*module_plan);
+          if (module_plan->checks == "pass") {
+            module_plan->outcome = "not recommended: the module plan the selective one was preferred to, measured beside it";
+            out.attempts.push_back(*module_plan);
+            rival = out.attempts.size() - 1;
+          }
+        }
+      }
       break;
     }
     if (!accepted) break;
@@ -288,6 +444,18 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
     if (total <= options.memory_budget_bytes && it->fits) {
       chosen.outcome = chosen.sites.empty() ? "recommended: nothing to check; the plain step's measured peak is within the budget"
                                             : "recommended: passes its checks; its measured peak is within the budget";
+      // The module plan instead, where it fits too and is measured faster beyond doubt (the
+      // intervals apart).
+      const auto* other = rival ? measured_plan(out, out.attempts[*rival].policy) : nullptr;
+      if (other && other->fits && other->measurement.baseline_bytes + other->measurement.peak_bytes <= options.memory_budget_bytes &&
+          other->time_ratio_high < it->time_ratio_low) {
+        chosen.outcome = fmt::format("not recommended: passes its checks and fits, but measured slower ({:.2f}x none) than {} "
+                                     "({:.2f}x): the op-level policy's own cost",
+                                     it->time_ratio, out.attempts[*rival].policy, other->time_ratio);
+        out.attempts[*rival].outcome = "recommended: passes its checks; its measured peak is within the budget, and it is "
+                                       "measured faster than the selective plan";
+        accepted = rival;
+      }
       break;
     }
     // Predicted within the budget but measured over it: plan again with the excess taken off.
@@ -306,6 +474,11 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
     out.fits = true;
     out.reason = a.sites.empty()
                      ? fmt::format("the plain step fits in {}: nothing needs to be checkpointed",
+                                   format_bytes(static_cast<double>(options.memory_budget_bytes)))
+                 : accepted == rival
+                     ? fmt::format("the module plan ({} site{}) the solver ranked after a selective plan: both pass the checks "
+                                   "and fit in {} when measured, and this one is measured faster",
+                                   a.sites.size(), a.sites.size() == 1 ? "" : "s",
                                    format_bytes(static_cast<double>(options.memory_budget_bytes)))
                      : fmt::format("the plan that recomputes least ({} site{}) among those predicted to fit in {}; it passes "
                                    "the checks and its measured peak fits",

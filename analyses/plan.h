@@ -41,6 +41,33 @@ struct SolverStats {
 std::optional<std::vector<bool>> solve_plan(const StepProfile& profile, int64_t budget_bytes,
                                             const std::set<size_t>& excluded = {}, SolverStats* stats = nullptr);
 
+/// A selective plan (sac:OPS[@SITES]): the sites `sites` checkpointed with the op classes `saved`
+/// (indices into profile.op_classes) saved and every other op recomputed. A site then frees what
+/// its checkpoint frees less what it saves, and its recompute costs the saved ops' time less; its
+/// backward is taken to hold what its whole checkpoint's does (an upper bound: the saved ops are not
+/// recomputed there).
+struct SacPlan {
+  std::vector<bool> sites;
+  std::vector<size_t> saved;
+};
+int64_t predict_sac_peak(const StepProfile& profile, const SacPlan& plan, std::string* where = nullptr);
+double predict_sac_seconds(const StepProfile& profile, const SacPlan& plan);
+
+/// At most this many op classes (those taking most time) are weighed by solve_sac_plan.
+constexpr size_t kSacClasses = 12;
+
+/// The selective plan that adds the least time among those whose predicted peak fits `budget_bytes`,
+/// never checkpointing a site in `excluded` and never one whose policy is in `failed`: for each
+/// non-empty subset of the (at most kSacClasses) op classes that take most time, solve_plan's
+/// dynamic program over the sites with that subset's figures -- O(2^K * n * F) for K classes.
+/// Of plans equal in time, the fewest ops, then the lowest predicted peak. nullopt when none fits,
+/// or when checkpointing nothing fits (no plan adds less time than none).
+/// `evaluated`: subsets weighed, added to.
+std::optional<SacPlan> solve_sac_plan(const StepProfile& profile, int64_t budget_bytes, const std::set<size_t>& excluded = {},
+                                      const std::set<std::string>& failed = {}, int64_t* evaluated = nullptr);
+/// sac:OP+OP over the op classes saved, with @SITE+SITE when not every site is checkpointed.
+std::string sac_policy(const StepProfile& profile, const SacPlan& plan);
+
 /// The policy string of a plan over the profile's sites: none, every:1 (all of them) or
 /// sites:A,B,...
 std::string plan_policy(const StepProfile& profile, const std::vector<bool>& checkpointed);
@@ -49,6 +76,7 @@ std::string plan_policy(const StepProfile& profile, const std::vector<bool>& che
 struct PlanAttempt {
   std::string policy;
   std::vector<std::string> sites;   // checkpointed
+  std::vector<std::string> saved_ops;  // a selective plan (sac:OPS): the op classes saved
   int64_t predicted_peak_bytes = 0;  // above the baseline
   std::string peak_where;            // the stretch the prediction's peak falls in
   double predicted_seconds = 0.0;
@@ -70,6 +98,7 @@ struct MemoryPlan {
   StepProfile profile;
   std::string solver;  // which solver, with its complexity
   SolverStats stats;
+  int64_t sac_subsets = 0;  // op-class subsets weighed for selective plans
   std::vector<PlanAttempt> attempts;
   /// none and every plan proposed, measured interleaved; each plan with the checks it was verified by.
   BenchResult measured;
@@ -82,7 +111,9 @@ struct MemoryPlan {
 const PolicyBench* measured_plan(const MemoryPlan& plan, const std::string& policy);
 
 /// Profiles the candidate sites (the outermost sites the --sites globs or the model's defaults
-/// give), then solves, verifies and measures until a plan passes its checks, or no plan is left.
+/// give) and, where the checkpoint under test takes an op-level policy, the op classes they run;
+/// then solves (the module plan and the selective plan, the faster predicted first), verifies and
+/// measures until a plan passes its checks, or no plan is left.
 MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site_globs, const PlanOptions& options);
 
 }  // namespace ckcheck

@@ -28,7 +28,7 @@ const OptionTable<BenchCliOptions>& bench_option_table() {
                     "policies to measure, comma-separated (default: none, every:1, every:2, every:4, segments:sqrt, "
                     "sites:*.attn, sites:*.ffn -- those that apply to the model; with --compile also the compiler's "
                     "memory budgets budget:0, budget:0.25, budget:0.5 and budget:1); for a Python model also op-level "
-                    "policies sac:OP[+OP] (those ops saved, every other op recomputed)",
+                    "policies sac:OP[+OP][@GLOB[+GLOB]] (every candidate site, or those the globs match, checkpointed; those ops saved, every other op recomputed)",
                     &BenchCliOptions::policies)
                     .check(non_empty("a policy, as every:2"))
                     .config("policies"));

@@ -39,8 +39,9 @@ int run_list(std::ostream& out) {
          "  sites:GLOB[,GLOB]            the candidate sites (and sites nested in them) matching a glob\n"
          "  budget:F                     (--compile) no module checkpoints: the compiler's activation memory\n"
          "                               budget F, 0 to 1, decides what the compiled backward recomputes\n"
-         "  sac:OP[+OP]                  (Python models, torch.utils.checkpoint) every candidate checkpointed,\n"
-         "                               those ops saved and every other op recomputed (as sac:aten.mm+aten.bmm)\n";
+         "  sac:OP[+OP][@GLOB[+GLOB]]    (Python models, torch.utils.checkpoint) every candidate checkpointed (or\n"
+         "                               those a glob matches), those ops saved and every other op recomputed\n"
+         "                               (as sac:aten.mm+aten.bmm or sac:aten.mm@blocks.0+blocks.1)\n";
   out << "\nChecks (--checks id,id):\n";
   for (const auto& c : builtin_checks()) {
     const auto& info = c->info();

@@ -39,8 +39,18 @@ class HtmlReporter : public Reporter {
     }
     out << "</table>\n";
     if (const auto note = plan_profile_note(p); !note.empty()) out << "<p>Profile: " << escape_markup(note) << ".</p>\n";
+    if (const auto rows = plan_op_class_rows(p); !rows.empty()) {
+      out << "<table><tr><th>op class (selective plans)</th><th>calls</th><th>saving it keeps</th><th>saving it spares</th></tr>\n";
+      for (const auto& row : rows) {
+        out << fmt::format("<tr><td><code>{}</code></td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>\n",
+                           escape_markup(row.op), row.calls, row.keeps, row.spares);
+      }
+      out << "</table>\n";
+    }
+    if (const auto note = plan_op_class_note(p); !note.empty()) out << "<p>Op classes: " << escape_markup(note) << ".</p>\n";
     out << "<p>Solver: " << escape_markup(p.solver)
-        << fmt::format(" ({} pairs kept in all, at most {} after one site).</p>\n", p.stats.states, p.stats.largest_front);
+        << fmt::format(" ({} pairs kept in all, at most {} after one site{}).</p>\n", p.stats.states, p.stats.largest_front,
+                       p.sac_subsets > 0 ? fmt::format("; {} op-class subsets weighed", p.sac_subsets) : "");
     out << "<table><tr><th>plan</th><th>checkpointed</th><th>predicted peak</th><th>measured peak</th><th>error</th>"
            "<th>time x none predicted</th><th>measured [95%]</th><th>checks</th><th>outcome</th></tr>\n";
     for (const auto& row : plan_rows(p)) {

@@ -218,7 +218,10 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   j["recommendation"] = p.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.recommendation);
   j["recommendation_reason"] = p.reason;
   j["fits"] = p.fits;
-  j["solver"] = {{"method", p.solver}, {"states", p.stats.states}, {"largest_front", p.stats.largest_front}};
+  j["solver"] = {{"method", p.solver},
+                 {"states", p.stats.states},
+                 {"largest_front", p.stats.largest_front},
+                 {"sac_subsets", p.sac_subsets}};
   nlohmann::json sites = nlohmann::json::array(), regions = nlohmann::json::array();
   for (const auto& s : f.sites) {
     sites.push_back({{"site", s.site}, {"input_bytes", s.input_bytes}, {"output_bytes", s.output_bytes},
@@ -230,13 +233,22 @@ nlohmann::json plan_json(const MemoryPlan& p) {
     regions.push_back({{"where", r.where}, {"peak_bytes", r.peak_bytes}, {"seconds", r.seconds}, {"holding", r.holding},
                        {"recomputes", r.recomputes ? nlohmann::json(f.sites[*r.recomputes].site) : nlohmann::json(nullptr)}});
   }
+  nlohmann::json classes = nlohmann::json::array();
+  for (const auto& c : f.op_classes) {
+    classes.push_back({{"op", c.op}, {"calls", c.calls}, {"bytes", c.bytes()}, {"seconds", c.seconds()},
+                       {"site_bytes", c.site_bytes}, {"site_seconds", c.site_seconds}});
+  }
   j["profile"] = {{"steps", f.steps},   {"step_seconds", f.step_seconds}, {"peak_bytes", f.peak_bytes},
                   {"sites", sites},     {"regions", regions},             {"uncalibrated", f.uncalibrated},
-                  {"calibration_note", f.calibration_note}};
+                  {"calibration_note", f.calibration_note},
+                  {"every_site_peak_bytes", predict_peak(f, std::vector<bool>(f.sites.size(), true))},
+                  {"op_classes", classes},
+                  {"op_classes_note", f.op_classes_note}};
   j["attempts"] = nlohmann::json::array();
   for (const auto& a : p.attempts) {
     nlohmann::json aj = {{"policy", a.policy},
                          {"sites", a.sites},
+                         {"saved_ops", a.saved_ops},
                          {"predicted_peak_bytes", a.predicted_peak_bytes},
                          {"predicted_total_bytes", a.predicted_peak_bytes + f.baseline_bytes},
                          {"peak_where", a.peak_where},

@@ -78,7 +78,14 @@ class MarkdownReporter : public Reporter {
       out << fmt::format("| `{}` | {} | {} | {} | {} |\n", md_code(row.site), row.input, row.kept, row.extra, row.recompute);
     }
     if (const auto note = plan_profile_note(p); !note.empty()) out << "\nProfile: " << md_escape(note) << ".\n";
-    out << "\nSolver: " << md_escape(p.solver) << fmt::format(" ({} pairs kept in all, at most {} after one site).\n\n", p.stats.states, p.stats.largest_front);
+    if (const auto rows = plan_op_class_rows(p); !rows.empty()) {
+      out << "\n| op class (selective plans) | calls | saving it keeps | saving it spares |\n|---|---|---|---|\n";
+      for (const auto& row : rows) out << fmt::format("| `{}` | {} | {} | {} |\n", md_code(row.op), row.calls, row.keeps, row.spares);
+    }
+    if (const auto note = plan_op_class_note(p); !note.empty()) out << "\nOp classes: " << md_escape(note) << ".\n";
+    out << "\nSolver: " << md_escape(p.solver)
+        << fmt::format(" ({} pairs kept in all, at most {} after one site{}).\n\n", p.stats.states, p.stats.largest_front,
+                       p.sac_subsets > 0 ? fmt::format("; {} op-class subsets weighed", p.sac_subsets) : "");
     out << "| plan | checkpointed | predicted peak | measured peak | error | time x none predicted | measured [95%] | checks | outcome |\n";
     out << "|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& row : plan_rows(p)) {

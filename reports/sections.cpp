@@ -397,6 +397,23 @@ std::vector<SiteRow> plan_site_rows(const MemoryPlan& p) {
   return rows;
 }
 
+std::vector<OpClassRow> plan_op_class_rows(const MemoryPlan& p) {
+  std::vector<OpClassRow> rows;
+  const auto& classes = p.profile.op_classes;
+  for (size_t i = 0; i < classes.size() && i < kSacClasses; ++i) {
+    const auto& c = classes[i];
+    rows.push_back({c.op, std::to_string(c.calls), bytes_text(static_cast<double>(c.bytes())), seconds_text(c.seconds())});
+  }
+  return rows;
+}
+
+std::string plan_op_class_note(const MemoryPlan& p) {
+  const auto& f = p.profile;
+  if (f.op_classes.empty()) return f.op_classes_note;
+  if (f.op_classes.size() <= kSacClasses) return "";
+  return fmt::format("{} op classes taking less time are always recomputed by selective plans", f.op_classes.size() - kSacClasses);
+}
+
 std::string plan_header(const MemoryPlan& p) {
   const auto& f = p.profile;
   return fmt::format("budget {} in all: parameters, gradients and inputs take {}, leaving {} for the step; the plain step peaks "
@@ -426,7 +443,13 @@ std::vector<std::string> plan_lines(const MemoryPlan& p, const std::string& run_
     out.push_back(fmt::format("  {:<20} {:>10} {:>12} {:>14} {:>10}", row.site, row.input, row.kept, row.extra, row.recompute));
   }
   if (const auto note = plan_profile_note(p); !note.empty()) out.push_back("profile: " + note);
-  out.push_back(fmt::format("solver: {}; {} pairs kept in all, at most {} after one site", p.solver, p.stats.states, p.stats.largest_front));
+  if (const auto rows = plan_op_class_rows(p); !rows.empty()) {
+    out.push_back(fmt::format("  {:<28} {:>6} {:>12} {:>12}", "op class (selective plans)", "calls", "saving keeps", "spares"));
+    for (const auto& row : rows) out.push_back(fmt::format("  {:<28} {:>6} {:>12} {:>12}", row.op, row.calls, row.keeps, row.spares));
+  }
+  if (const auto note = plan_op_class_note(p); !note.empty()) out.push_back("op classes: " + note);
+  out.push_back(fmt::format("solver: {}; {} pairs kept in all, at most {} after one site{}", p.solver, p.stats.states,
+                            p.stats.largest_front, p.sac_subsets > 0 ? fmt::format("; {} op-class subsets weighed", p.sac_subsets) : ""));
   out.push_back(fmt::format("  {:<24} {:>5} {:>12} {:>12} {:>7} {:>10} {:<20} {:<6}  {}", "plan", "ckpt", "predicted", "measured",
                             "error", "time pred", "time x none [95%]", "checks", "outcome"));
   for (const auto& row : plan_rows(p)) {

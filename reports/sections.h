@@ -40,6 +40,13 @@ struct SiteRow {
   std::string site, input, kept, extra, recompute;
 };
 std::vector<SiteRow> plan_site_rows(const MemoryPlan& p);
+/// One row per op class the selective plans weigh: calls, what saving it keeps, what it spares.
+struct OpClassRow {
+  std::string op, calls, keeps, spares;
+};
+std::vector<OpClassRow> plan_op_class_rows(const MemoryPlan& p);
+/// Why the selective plans weigh no op class, or how many classes they leave aside ("" otherwise).
+std::string plan_op_class_note(const MemoryPlan& p);
 /// Budget, baseline, the plain step's peak and the profile, in one sentence.
 std::string plan_header(const MemoryPlan& p);
 /// "POLICY (why)", the plan between `open` and `close`; "no plan (why)" without one.

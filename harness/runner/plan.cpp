@@ -15,7 +15,7 @@ namespace ckcheck {
 namespace {
 
 const char* kPolicyForms =
-    "none, every:K, segments[:N], sites:GLOB[,GLOB], (with --compile) budget:F or (Python models) sac:OP[+OP]";
+    "none, every:K, segments[:N], sites:GLOB[,GLOB], (with --compile) budget:F or (Python models) sac:OP[+OP][@GLOB[+GLOB]]";
 
 int64_t parse_positive(const std::string& text, const std::string& whole) {
   const auto v = parse_int(text);
@@ -140,9 +140,20 @@ Policy Policy::parse(const std::string& text) {
     }
   } else if (head == "sac" && colon != std::string::npos) {
     p.kind = Kind::kSac;
-    // '+' between ops keeps a sac: policy one item of a comma-separated --policies list.
-    std::string ops = arg;
+    // '+' between ops (and sites) keeps a sac: policy one item of a comma-separated --policies list.
+    const auto at = arg.find('@');
+    std::string ops = arg.substr(0, at);
     std::replace(ops.begin(), ops.end(), ',', '+');
+    if (at != std::string::npos) {
+      for (const auto& g : split(arg.substr(at + 1), '+')) {
+        if (g.empty()) {
+          throw UsageError(fmt::format("policy '{}' has an empty site glob; write sac:OPS@GLOB[+GLOB], as in "
+                                       "sac:aten.mm@blocks.0+blocks.1",
+                                       text));
+        }
+        p.globs.push_back(g);
+      }
+    }
     for (const auto& op : split(ops, '+')) {
       if (op.empty() || op.find('.') == std::string::npos) {
         throw UsageError(fmt::format("policy '{}': '{}' is not an op; write sac:NAMESPACE.OP[+NAMESPACE.OP], as in "
@@ -177,7 +188,7 @@ std::string Policy::text() const {
     case Kind::kBudget:
       return fmt::format("budget:{:g}", budget);
     case Kind::kSac:
-      return "sac:" + fmt::format("{}", fmt::join(ops, "+"));
+      return "sac:" + fmt::format("{}", fmt::join(ops, "+")) + (globs.empty() ? "" : "@" + fmt::format("{}", fmt::join(globs, "+")));
   }
   return "";
 }
@@ -306,7 +317,11 @@ Plan Plan::make(const Model& model, const std::vector<std::string>& site_globs,
                                                "context_fn): {}",
                                                policy.text(), problem));
       }
-      for (const auto& c : plan.candidates) plan.units.push_back({c});
+      if (policy.globs.empty()) {
+        for (const auto& c : plan.candidates) plan.units.push_back({c});
+      } else {
+        plan.units = glob_units(model, policy, pool);
+      }
       break;
   }
   for (const auto& unit : plan.units) {

@@ -18,13 +18,14 @@ namespace ckcheck {
 ///   sites:GLOB[,GLOB]  the candidate sites, and sites nested in them, that match a glob
 ///   budget:F      (a compiled model, --compile) no module checkpoints: the compiler's activation
 ///                 memory budget F (0 to 1) decides what its backward recomputes
-///   sac:OP[+OP]   (a Python model under torch.utils.checkpoint) every candidate checkpointed with
-///                 an op-level selective policy: the ops named are saved, every other op recomputed
+///   sac:OP[+OP][@GLOB[+GLOB]]  (a Python model under torch.utils.checkpoint) every candidate (or
+///                 those a glob matches) checkpointed with an op-level selective policy: the ops
+///                 named are saved, every other op recomputed
 struct Policy {
   enum class Kind { kNone, kEvery, kSegments, kSites, kBudget, kSac };
   Kind kind = Kind::kEvery;
   int64_t k = 1;  // every:K, or segments:N (0: the square root of the number of candidates)
-  std::vector<std::string> globs;
+  std::vector<std::string> globs;  // sites:GLOBS, or the sites a sac: policy checkpoints
   double budget = 1.0;  // budget:F
   std::vector<std::string> ops;  // sac:OPS, as aten.mm or aten.mm.default
 

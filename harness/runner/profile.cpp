@@ -7,6 +7,7 @@
 #include <memory>
 #include <set>
 
+#include "harness/runner/trace.h"
 #include "harness/support/memory.h"
 #include "harness/support/text.h"
 
@@ -174,7 +175,123 @@ class ProfilingSiteRunner : public SiteRunner, public StepWatch {
   int depth_ = 0;
 };
 
+// Calls every site plainly and tells the tracer which outermost candidate is running.
+class TracingSiteRunner : public SiteRunner {
+ public:
+  TracingSiteRunner(const std::vector<SiteCost>& sites, OpTracer& tracer) : tracer_(tracer) {
+    for (const auto& s : sites) candidates_.insert(s.site);
+  }
+  using SiteRunner::call;
+  std::vector<Tensor> call(const std::string& site, const SiteFn& fn, const std::vector<Tensor>& inputs) override {
+    if (depth_ > 0 || !candidates_.count(site)) return fn(inputs);
+    tracer_.push_site(site);
+    ++depth_;
+    struct Pop {
+      TracingSiteRunner* r;
+      ~Pop() {
+        --r->depth_;
+        r->tracer_.pop_site();
+      }
+    } pop{this};
+    return fn(inputs);
+  }
+
+ private:
+  OpTracer& tracer_;
+  std::set<std::string> candidates_;
+  int depth_ = 0;
+};
+
+// Ops that make a tensor from no activation (empty, zeros_like, arange, ...): cheap to run again,
+// often filled in place afterwards, so a selective plan never saves them.
+bool is_creation_op(const std::string& name) {
+  static const std::set<std::string> ops = {
+      "aten::empty",     "aten::empty_like", "aten::empty_strided", "aten::zeros",    "aten::zeros_like",
+      "aten::ones",      "aten::ones_like",  "aten::full",          "aten::full_like", "aten::arange",
+      "aten::scalar_tensor", "aten::new_empty", "aten::new_empty_strided", "aten::new_zeros", "aten::new_ones",
+      "aten::new_full",  "aten::eye",        "aten::linspace",      "aten::lift_fresh_copy"};
+  return ops.count(name) > 0;
+}
+
 }  // namespace
+
+int64_t OpClassCost::bytes() const {
+  int64_t b = 0;
+  for (auto x : site_bytes) b += x;
+  return b;
+}
+
+double OpClassCost::seconds() const {
+  double t = 0.0;
+  for (auto x : site_seconds) t += x;
+  return t;
+}
+
+void profile_op_classes(Runner& runner, StepProfile& p, int64_t warmup, int64_t steps) {
+  steps = std::max<int64_t>(1, steps);
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < p.sites.size(); ++i) index.emplace(p.sites[i].site, i);
+  std::vector<OpRecord> records;
+  {
+    PlainSiteRunner plain;
+    if (warmup > 0) runner.measure_with(plain, warmup, 0, nullptr);
+    OpTracer tracer(TraceLevel::kDtypes);
+    TracingSiteRunner sites(p.sites, tracer);
+    const auto m = runner.measure_with(sites, 0, steps, nullptr);
+    records = tracer.take();
+    if (!m.error.empty()) {
+      p.op_classes_note = "the traced plain step threw: " + first_line(m.error);
+      return;
+    }
+  }
+  // The ops autograd sees: the outermost ops that are not decomposed above it. `open` holds, per
+  // nesting depth, whether an op there (or one it runs inside) is already counted.
+  std::map<std::string, OpClassCost> classes;
+  std::vector<double> traced(p.sites.size(), 0.0);
+  std::vector<bool> counted_at;
+  for (const auto& r : records) {
+    counted_at.resize(static_cast<size_t>(r.depth) + 1);
+    const bool inside_counted = r.depth > 0 && counted_at[static_cast<size_t>(r.depth) - 1];
+    counted_at[static_cast<size_t>(r.depth)] = inside_counted || !r.composite;
+    if (inside_counted || r.composite || r.phase != Phase::kForward) continue;
+    const auto site = index.find(r.site);
+    if (site == index.end()) continue;
+    traced[site->second] += r.seconds;
+    const bool in_place = !r.name.empty() && r.name.back() == '_';
+    if (in_place || r.output_bytes <= 0 || is_creation_op(r.name)) continue;
+    const auto colon = r.name.find("::");
+    if (colon == std::string::npos) continue;
+    const std::string op = r.name.substr(0, colon) + "." + r.name.substr(colon + 2);
+    auto& c = classes[op];
+    if (c.op.empty()) {
+      c.op = op;
+      c.site_bytes.assign(p.sites.size(), 0);
+      c.site_seconds.assign(p.sites.size(), 0.0);
+    }
+    ++c.calls;
+    c.site_bytes[site->second] += r.output_bytes;
+    c.site_seconds[site->second] += r.seconds;
+  }
+  // Per step; the tracer's own cost taken out by scaling to the untraced forward.
+  std::vector<double> scale(p.sites.size(), 1.0 / static_cast<double>(steps));
+  for (size_t i = 0; i < p.sites.size(); ++i) {
+    const double per_step = traced[i] / static_cast<double>(steps);
+    if (per_step > p.sites[i].forward_seconds && per_step > 0.0) scale[i] = p.sites[i].forward_seconds / traced[i];
+  }
+  p.op_classes.clear();
+  for (auto& [op, c] : classes) {
+    c.calls /= steps;
+    for (size_t i = 0; i < p.sites.size(); ++i) {
+      c.site_bytes[i] /= steps;
+      c.site_seconds[i] *= scale[i];
+    }
+    p.op_classes.push_back(std::move(c));
+  }
+  std::sort(p.op_classes.begin(), p.op_classes.end(), [](const OpClassCost& a, const OpClassCost& b) {
+    if (a.seconds() != b.seconds()) return a.seconds() > b.seconds();
+    return a.op < b.op;
+  });
+}
 
 StepProfile profile_sites(Runner& runner, const std::vector<std::string>& sites, int64_t warmup, int64_t steps) {
   const auto& device = runner.config().device;

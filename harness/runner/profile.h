@@ -42,6 +42,19 @@ struct PeakRegion {
   std::optional<size_t> recomputes;
 };
 
+/// An op class a selective checkpoint (sac:OPS) can save, as the plain step's forward runs it
+/// inside the candidate sites: the ops autograd sees (a CompositeImplicitAutograd op counts as the
+/// ops it calls), neither views, in-place ops nor ops that make a tensor from no activation (empty,
+/// zeros_like, arange, ...).
+struct OpClassCost {
+  std::string op;                    // "aten.mm": every overload, as sac:OPS names it
+  int64_t calls = 0;                 // per step, over the sites
+  std::vector<int64_t> site_bytes;   // per site: its outputs, what saving it keeps until the site's backward
+  std::vector<double> site_seconds;  // per site: its time, what saving it spares the site's recompute
+  int64_t bytes() const;
+  double seconds() const;
+};
+
 struct StepProfile {
   std::vector<SiteCost> sites;      // in the order the forward reaches them
   std::vector<PeakRegion> regions;  // in the order the step runs through them
@@ -55,6 +68,10 @@ struct StepProfile {
   std::vector<std::string> uncalibrated;
   std::string calibration_note;
   std::string error;                // what stopped the profile ("" when it ran)
+  /// The op classes a sac:OPS plan can save, most time first; empty when the checkpoint under test
+  /// takes no op-level policy (why, in `op_classes_note`).
+  std::vector<OpClassCost> op_classes;
+  std::string op_classes_note;
 };
 
 /// Runs `warmup` then `steps` plain training steps through `runner`, watching the outermost of
@@ -64,5 +81,11 @@ struct StepProfile {
 /// a checkpoint at each site frees (the plain step's activations there less what the checkpointed
 /// forward keeps), adds in the site's backward and costs in time.
 StepProfile profile_sites(Runner& runner, const std::vector<std::string>& sites, int64_t warmup, int64_t steps);
+
+/// `warmup` untraced then `steps` plain steps with every op traced: each op class's outputs and time
+/// inside each of `sites` (the outermost sites, in profile.sites' order). Times are scaled so that
+/// within a site they add up to at most its forward's time untraced (the tracer's own cost aside).
+/// Fills profile.op_classes; `error` when the traced step threw.
+void profile_op_classes(Runner& runner, StepProfile& profile, int64_t warmup, int64_t steps);
 
 }  // namespace ckcheck

@@ -1,6 +1,9 @@
 #include "harness/runner/trace.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+
+#include <chrono>
 
 #include <atomic>
 #include <map>
@@ -55,6 +58,7 @@ struct OpTracer::Impl {
   int depth = 0;
   std::vector<std::string> skipped_scopes;
   int skipping = 0;  // skipped scopes open
+  std::map<std::string, bool> composite;  // operator (with overload) -> CompositeImplicitAutograd
   at::CallbackHandle handle = 0;
 };
 
@@ -66,7 +70,22 @@ struct Ctx : at::ObserverContext {
   size_t record = 0;
   bool node = false;
   bool skipped_scope = false;
+  std::chrono::steady_clock::time_point start;
 };
+
+// Whether the op is decomposed above autograd (CompositeImplicitAutograd, as aten::linear): the
+// ops it calls are the ones autograd and an op-level checkpoint policy see.
+bool is_composite(OpTracer::Impl& t, const at::RecordFunction& fn) {
+  const auto op = fn.operator_name();
+  if (!op) return false;
+  const std::string key = op->name + "." + op->overload_name;
+  const auto it = t.composite.find(key);
+  if (it != t.composite.end()) return it->second;
+  const auto handle = c10::Dispatcher::singleton().findOp(*op);
+  const bool composite = handle && handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  t.composite.emplace(key, composite);
+  return composite;
+}
 
 bool inside(const std::string& site, const std::string& outer) {
   return outer.empty() || site == outer ||
@@ -151,14 +170,19 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (t->phase != Phase::kBackward && r.seq_nr >= 0 && !r.site.empty()) {
     t->site_of_seq.emplace(r.seq_nr, r.site);
   }
-  if (t->level >= TraceLevel::kDtypes) r.autocast = autocast_tag();
+  if (t->level >= TraceLevel::kDtypes) {
+    r.autocast = autocast_tag();
+    r.composite = is_composite(*t, fn);
+  }
   note_random_draws(fn, r);
   ctx->record = t->records.size();
   t->records.push_back(std::move(r));
+  ctx->start = std::chrono::steady_clock::now();
   return ctx;
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* base) {
+  const auto end = std::chrono::steady_clock::now();
   OpTracer::Impl* t = active.load();
   auto* ctx = static_cast<Ctx*>(base);
   if (!t || !ctx) return;
@@ -174,8 +198,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* base) {
     return;
   }
   --t->depth;
-  if (ctx->record >= t->records.size() || t->level < TraceLevel::kDtypes) return;
+  if (ctx->record >= t->records.size()) return;
   auto& r = t->records[ctx->record];
+  r.seconds = std::chrono::duration<double>(end - ctx->start).count();
+  if (t->level < TraceLevel::kDtypes) return;
   for (const auto& out : fn.outputs()) {
     std::vector<torch::Tensor> tensors;
     if (out.isTensor()) {
@@ -187,6 +213,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* base) {
       if (!x.defined()) continue;
       r.shapes.emplace_back(x.sizes().begin(), x.sizes().end());
       r.dtypes.emplace_back(c10::toString(x.scalar_type()));
+      if (!x.is_view()) r.output_bytes += x.numel() * static_cast<int64_t>(x.element_size());
       if (t->level < TraceLevel::kFull) continue;
       r.fingerprints.push_back(fingerprint(x));
       if (x.is_floating_point() && x.numel() > 0) {

@@ -33,6 +33,10 @@ struct OpRecord {
   int64_t seq_nr = -1;
   std::vector<std::vector<int64_t>> shapes;  // of the tensor outputs
   std::vector<std::string> dtypes;
+  int64_t output_bytes = 0;    // of the tensor outputs that are not views (kDtypes and above)
+  double seconds = 0.0;        // from its start to its end, the ops it called included
+  bool composite = false;      // CompositeImplicitAutograd: decomposed above autograd, so an op-level
+                               // checkpoint policy sees the ops it calls, never it (kDtypes and above)
   std::string autocast;  // autocast state the op was called under: "off", "cpu:BFloat16", ...
   std::vector<uint64_t> fingerprints;
   bool nonfinite = false;          // an output holds NaN or Inf

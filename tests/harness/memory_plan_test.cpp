@@ -9,7 +9,9 @@
 #include <limits>
 
 #include "fixtures/registry.h"
+#include "harness/runner/plan.h"
 #include "harness/runner/profile.h"
+#include "harness/support/errors.h"
 
 namespace ckcheck {
 namespace {
@@ -73,6 +75,76 @@ RC_GTEST_PROP(PlanSolver, FindsTheCheapestPlanThatFitsAmongAllSubsets, ()) {
     for (size_t i : excluded) RC_ASSERT(!(*got)[i]);
     RC_ASSERT(std::abs(cost_of(p, *got) - best) <= 1e-12);
   }
+}
+
+RC_GTEST_PROP(PlanSolver, FindsTheCheapestSelectivePlanAmongAllSitesAndOpSubsets, ()) {
+  const auto n = *rc::gen::inRange<size_t>(1, 6);
+  const auto k = *rc::gen::inRange<size_t>(1, 5);
+  std::vector<SiteCost> sites;
+  for (size_t i = 0; i < n; ++i) {
+    SiteCost c;
+    c.site = "s" + std::to_string(i);
+    c.kept_bytes = *rc::gen::inRange<int64_t>(0, 60);
+    c.recompute_extra_bytes = *rc::gen::inRange<int64_t>(0, 30);
+    c.recompute_seconds = 0.001 * static_cast<double>(10 + i);  // distinct: no grouping
+    c.output_bytes = static_cast<int64_t>(i) + 1000;            // no two sites alike
+    sites.push_back(c);
+  }
+  auto p = layout(sites, *rc::gen::container<std::vector<int64_t>>(3 * n + 1, rc::gen::inRange<int64_t>(0, 400)));
+  for (size_t c = 0; c < k; ++c) {
+    OpClassCost oc;
+    oc.op = "aten.op" + std::to_string(c);
+    for (size_t i = 0; i < n; ++i) {
+      oc.site_bytes.push_back(*rc::gen::inRange<int64_t>(0, 20));
+      oc.site_seconds.push_back(0.001 * static_cast<double>(*rc::gen::inRange(0, 4)));
+    }
+    p.op_classes.push_back(oc);
+  }
+  const auto budget = *rc::gen::inRange<int64_t>(0, 420);
+  // Every non-empty op subset with every non-empty set of sites.
+  double best = std::numeric_limits<double>::infinity();
+  for (uint32_t ops = 1; ops < (1u << k); ++ops) {
+    for (uint32_t mask = 1; mask < (1u << n); ++mask) {
+      SacPlan plan;
+      for (size_t c = 0; c < k; ++c) {
+        if ((ops >> c) & 1u) plan.saved.push_back(c);
+      }
+      for (size_t i = 0; i < n; ++i) plan.sites.push_back((mask >> i) & 1u);
+      // A site whose checkpoint frees nothing under the subset is never taken.
+      bool frees = true;
+      for (size_t i = 0; i < n; ++i) {
+        int64_t kept = 0;
+        for (size_t c : plan.saved) kept += p.op_classes[c].site_bytes[i];
+        frees = frees && (!plan.sites[i] || p.sites[i].kept_bytes - kept > 0);
+      }
+      if (frees && predict_sac_peak(p, plan) <= budget) best = std::min(best, predict_sac_seconds(p, plan));
+    }
+  }
+  int64_t weighed = 0;
+  const auto got = solve_sac_plan(p, budget, {}, {}, &weighed);
+  RC_ASSERT(weighed == static_cast<int64_t>((1u << k) - 1));
+  // Where checkpointing nothing fits, no selective plan beats it.
+  if (predict_peak(p, std::vector<bool>(n, false)) <= budget) {
+    RC_ASSERT(!got.has_value());
+    return;
+  }
+  RC_ASSERT(got.has_value() == (best < std::numeric_limits<double>::infinity()));
+  if (!got) return;
+  RC_ASSERT(predict_sac_peak(p, *got) <= budget);
+  RC_ASSERT(std::abs(predict_sac_seconds(p, *got) - best) <= 1e-12);
+}
+
+TEST(PlanSolver, WritesASelectivePlanAsAPolicyRunAccepts) {
+  std::vector<SiteCost> sites = {{"blocks.0", 4, 4, 50, 60, 0.3, 4, 0.1}, {"blocks.1", 4, 4, 30, 40, 0.3, 4, 0.2}};
+  auto p = layout(sites, {0});
+  p.op_classes = {{"aten.mm", 2, {10, 10}, {0.01, 0.01}}, {"aten.gelu", 2, {5, 5}, {0.02, 0.02}}};
+  EXPECT_EQ(sac_policy(p, {{true, true}, {0, 1}}), "sac:aten.gelu+aten.mm");
+  EXPECT_EQ(sac_policy(p, {{false, true}, {0}}), "sac:aten.mm@blocks.1");
+  const auto policy = Policy::parse("sac:aten.mm@blocks.1");
+  EXPECT_EQ(policy.ops, std::vector<std::string>{"aten.mm"});
+  EXPECT_EQ(policy.globs, std::vector<std::string>{"blocks.1"});
+  EXPECT_EQ(policy.text(), "sac:aten.mm@blocks.1");
+  EXPECT_THROW(Policy::parse("sac:aten.mm@"), UsageError);
 }
 
 TEST(PlanSolver, OfIdenticalBlocksTakesThoseThatFreeMemoryEarliest) {

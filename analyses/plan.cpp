@@ -104,7 +104,6 @@ struct Figures {
 
 Figures figures_of(const StepProfile& p, const std::vector<size_t>& saved) {
   Figures f;
-  std::vector<double> raw;
   for (size_t j = 0; j < p.sites.size(); ++j) {
     int64_t kept = 0;
     double spared = 0.0;

@@ -330,6 +330,7 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
   // A selective plan's op-level policy runs in Python around every op, a cost no profile of the
   // ops shows: the module plan it was preferred to is verified and measured beside it.
   std::optional<size_t> rival;
+  bool rival_fits_alone = false;  // the module plan fits when measured, its selective rival does not
   for (int64_t round = 0; round < 3; ++round) {
     // Solve and check until a plan passes its checks.
     accepted.reset();
@@ -440,14 +441,15 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
       break;
     }
     const int64_t total = it->measurement.baseline_bytes + it->measurement.peak_bytes;
+    const auto* other = rival ? measured_plan(out, out.attempts[*rival].policy) : nullptr;
+    const bool other_fits = other && other->fits &&
+                            other->measurement.baseline_bytes + other->measurement.peak_bytes <= options.memory_budget_bytes;
     if (total <= options.memory_budget_bytes && it->fits) {
       chosen.outcome = chosen.sites.empty() ? "recommended: nothing to check; the plain step's measured peak is within the budget"
                                             : "recommended: passes its checks; its measured peak is within the budget";
       // The module plan instead, where it fits too and is measured faster beyond doubt (the
       // intervals apart).
-      const auto* other = rival ? measured_plan(out, out.attempts[*rival].policy) : nullptr;
-      if (other && other->fits && other->measurement.baseline_bytes + other->measurement.peak_bytes <= options.memory_budget_bytes &&
-          other->time_ratio_high < it->time_ratio_low) {
+      if (other_fits && other->time_ratio_high < it->time_ratio_low) {
         chosen.outcome = fmt::format("not recommended: passes its checks and fits, but measured slower ({:.2f}x none) than {} "
                                      "({:.2f}x): the op-level policy's own cost",
                                      it->time_ratio, out.attempts[*rival].policy, other->time_ratio);
@@ -457,8 +459,20 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
       }
       break;
     }
-    // Predicted within the budget but measured over it: plan again with the excess taken off.
+    // Predicted within the budget but measured over it: plan again with the excess taken off --
+    // unless the module plan measured beside it fits, which is then the plan.
     const int64_t excess = total - options.memory_budget_bytes;
+    if (other_fits) {
+      chosen.outcome = fmt::format("not recommended: measured {} over the budget (predicted {} above the baseline, measured {})",
+                                   format_bytes(static_cast<double>(excess)),
+                                   format_bytes(static_cast<double>(chosen.predicted_peak_bytes)),
+                                   format_bytes(static_cast<double>(it->measurement.peak_bytes)));
+      out.attempts[*rival].outcome = "recommended: passes its checks; its measured peak is within the budget, where the "
+                                     "selective plan preferred to it measured over the budget";
+      accepted = rival;
+      rival_fits_alone = true;
+      break;
+    }
     chosen.outcome = fmt::format("not recommended: measured {} over the budget (predicted {} above the baseline, measured {}); "
                                  "the next plan is solved for a budget that much smaller",
                                  format_bytes(static_cast<double>(excess)), format_bytes(static_cast<double>(chosen.predicted_peak_bytes)),
@@ -475,10 +489,14 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
                      ? fmt::format("the plain step fits in {}: nothing needs to be checkpointed",
                                    format_bytes(static_cast<double>(options.memory_budget_bytes)))
                  : accepted == rival
-                     ? fmt::format("the module plan ({} site{}) the solver ranked after a selective plan: both pass the checks "
-                                   "and fit in {} when measured, and this one is measured faster",
+                     ? fmt::format("the module plan ({} site{}) the solver ranked after a selective plan: both pass the checks; "
+                                   "{}",
                                    a.sites.size(), a.sites.size() == 1 ? "" : "s",
-                                   format_bytes(static_cast<double>(options.memory_budget_bytes)))
+                                   rival_fits_alone
+                                       ? fmt::format("only this one fits in {} when measured",
+                                                     format_bytes(static_cast<double>(options.memory_budget_bytes)))
+                                       : fmt::format("both fit in {} when measured and this one is measured faster",
+                                                     format_bytes(static_cast<double>(options.memory_budget_bytes))))
                      : fmt::format("the plan that recomputes least ({} site{}) among those predicted to fit in {}; it passes "
                                    "the checks and its measured peak fits",
                                    a.sites.size(), a.sites.size() == 1 ? "" : "s",

@@ -129,6 +129,11 @@ def test_a_tight_budget_gets_a_selective_plan_verified_and_measured_beside_the_m
     # The module plan it was preferred to is measured beside it, and the faster of the two that
     # fit is recommended.
     assert any(not a["saved_ops"] and a["sites"] for a in plan["attempts"]), plan["attempts"]
+    # A plan that passes its checks and measures within the budget is never lost: where the
+    # selective plan measures over the budget, the module plan measured beside it is the plan.
+    fitting = [a for a in plan["attempts"] if a["checks"] == "pass" and a.get("measured_total_bytes") is not None
+               and a["measured_total_bytes"] <= budget]
+    assert fitting and plan["recommendation"] in [a["policy"] for a in fitting], plan["attempts"]
     chosen = next(a for a in plan["attempts"] if a["policy"] == plan["recommendation"])
     assert chosen["checks"] == "pass" and chosen["measured_total_bytes"] <= budget
     # The policy a selective plan writes is one run accepts, and the twin passes under it.

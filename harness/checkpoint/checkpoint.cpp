@@ -4,12 +4,16 @@
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
 #include <optional>
+#include <queue>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "harness/support/global_state.h"
@@ -352,6 +356,163 @@ void check_recompute_matches_forward(const CheckpointState& s, const std::vector
   }
 }
 
+// The recomputed segment, differentiated inside the caller's own graph task rather than by a
+// nested engine call (which costs a graph task, thread-local state per node and a ready queue of
+// its own): its nodes run as the engine would have run them without the checkpoint -- latest
+// sequence number first once every gradient into them has arrived, with their tensor, retain-grad,
+// pre and post hooks, the engine's output validation, accumulation of gradients that meet -- pruned
+// to the nodes that lead to a target and stopping at the targets, whose gradients are read where
+// they arrive. Each node's saved tensors are released once it ran, as a backward that does not keep
+// the graph does.
+//
+// Taken for a backward() over the whole graph (no grad(), no inputs=: the engine then runs every
+// node) on the CPU (no streams to synchronise) without anomaly mode (the engine's per-node NaN
+// check); anything else keeps the engine path. Returns nothing, having run nothing, when it does
+// not apply.
+class SegmentBackward {
+ public:
+  static bool applies(const std::vector<Tensor>& tensors) {
+    const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
+    if (exec_info == nullptr || !exec_info->empty() || torch::autograd::AnomalyMode::is_enabled()) return false;
+    for (const auto& t : tensors) {
+      if (t.defined() && !t.device().is_cpu()) return false;
+    }
+    return true;
+  }
+
+  // `roots` and `grads` are given up: the gradients are held only until the node they enter runs.
+  static std::optional<std::vector<Tensor>> run(std::vector<Tensor>& roots, std::vector<Tensor>& grads,
+                                                const std::vector<Tensor>& targets) {
+    SegmentBackward b;
+    std::vector<torch::autograd::Edge> root_edges;
+    for (const auto& r : roots) root_edges.push_back(torch::autograd::impl::gradient_edge(r));
+    std::vector<torch::autograd::Edge> target_edges;
+    for (const auto& t : targets) {
+      if (t.grad_fn()) {
+        target_edges.emplace_back(t.grad_fn(), t.output_nr());
+      } else {
+        target_edges.emplace_back(torch::autograd::impl::try_get_grad_accumulator(t), 0);
+      }
+      if (target_edges.back().function) b.targets_.insert(target_edges.back().function.get());
+    }
+    if (!b.prune(root_edges)) return std::nullopt;
+    roots.clear();
+    torch::autograd::validate_outputs(root_edges, grads, [](const std::string& msg) {
+      return "ckcheck::checkpoint: " + msg;
+    });
+    for (size_t i = 0; i < root_edges.size(); ++i) b.deliver(root_edges[i], std::move(grads[i]));
+    grads.clear();
+    for (const auto& e : root_edges) {
+      auto* node = e.function.get();
+      if (node != nullptr && b.targets_.count(node) == 0 && b.needed_.count(node) != 0 && b.pending_[node] == 0 &&
+          b.queued_.insert(node).second) {
+        b.ready_.push(node);
+      }
+    }
+    while (!b.ready_.empty()) {
+      auto* node = b.ready_.top();
+      b.ready_.pop();
+      b.evaluate(*node);
+    }
+    std::vector<Tensor> found;
+    for (const auto& e : target_edges) {
+      const auto it = b.buffers_.find(e.function.get());
+      found.push_back(it == b.buffers_.end() ? Tensor() : it->second[e.input_nr]);
+    }
+    return found;
+  }
+
+ private:
+  using Node = torch::autograd::Node;
+  struct Later {
+    bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
+  };
+
+  // Marks the nodes that lead to a target (not going past one) and counts, for each, the gradients
+  // it waits for. False where a node runs off the CPU.
+  bool prune(const std::vector<torch::autograd::Edge>& root_edges) {
+    // Post-order walk: a node is needed when it is a target or one of its next nodes is needed.
+    std::unordered_set<Node*> visited;
+    std::vector<std::pair<Node*, size_t>> stack;
+    for (const auto& e : root_edges) {
+      auto* root = e.function.get();
+      if (root == nullptr || !visited.insert(root).second) continue;
+      stack.emplace_back(root, 0);
+      while (!stack.empty()) {
+        auto& [node, next] = stack.back();
+        if (targets_.count(node) != 0) {
+          needed_.insert(node);
+          stack.pop_back();
+          continue;
+        }
+        if (next < node->num_outputs()) {
+          auto* child = node->next_edge(next++).function.get();
+          if (child != nullptr && visited.insert(child).second) stack.emplace_back(child, 0);
+          continue;
+        }
+        for (const auto& e2 : node->next_edges()) {
+          if (e2.function && needed_.count(e2.function.get()) != 0) {
+            needed_.insert(node);
+            break;
+          }
+        }
+        stack.pop_back();
+      }
+    }
+    for (auto* node : needed_) {
+      if (targets_.count(node) != 0) continue;
+      for (size_t i = 0; i < node->num_inputs(); ++i) {
+        const auto& m = node->input_metadata(i);
+        if (!m.device().is_cpu() || m.is_nested_tensor()) return false;
+      }
+      for (const auto& e : node->next_edges()) {
+        if (e.function && needed_.count(e.function.get()) != 0) ++pending_[e.function.get()];
+      }
+    }
+    return true;
+  }
+
+  void deliver(const torch::autograd::Edge& edge, Tensor grad) {
+    auto* node = edge.function.get();
+    if (node == nullptr || needed_.count(node) == 0 || !grad.defined()) return;
+    auto& buffer = buffers_[node];
+    if (buffer.empty()) buffer.resize(node->num_inputs());
+    auto& slot = buffer[edge.input_nr];
+    slot = slot.defined() ? slot + grad : std::move(grad);
+  }
+
+  void evaluate(Node& node) {
+    auto inputs = std::move(buffers_[&node]);
+    buffers_.erase(&node);
+    for (const auto& hook : node.tensor_pre_hooks()) inputs = (*hook)(inputs);
+    for (const auto& [index, hook] : node.retains_grad_hooks()) inputs = (*hook)(inputs);
+    for (const auto& hook : node.pre_hooks()) inputs = (*hook)(inputs);
+    node.will_release_variables();
+    const bool post = !node.post_hooks().empty();
+    const auto kept = post ? inputs : torch::autograd::variable_list();
+    auto outputs = node(std::move(inputs));
+    node.release_variables();
+    torch::autograd::validate_outputs(node.next_edges(), outputs, [&node](const std::string& msg) {
+      return node.name() + ": " + msg;
+    });
+    for (const auto& hook : node.post_hooks()) outputs = (*hook)(outputs, kept);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const auto& next = node.next_edge(i);
+      auto* child = next.function.get();
+      if (child == nullptr || needed_.count(child) == 0) continue;
+      deliver(next, std::move(outputs[i]));
+      if (targets_.count(child) == 0 && --pending_[child] == 0 && queued_.insert(child).second) ready_.push(child);
+    }
+  }
+
+  std::unordered_set<const Node*> targets_;
+  std::unordered_set<Node*> needed_;
+  std::unordered_map<Node*, size_t> pending_;
+  std::unordered_map<Node*, torch::autograd::variable_list> buffers_;
+  std::unordered_set<Node*> queued_;
+  std::priority_queue<Node*, std::vector<Node*>, Later> ready_;
+};
+
 // The autograd node of one call. Its inputs are the caller's inputs and the captured tensors; its
 // outputs were computed before it (the captured tensors are known only once the function ran), so
 // its forward only hands them over.
@@ -365,11 +526,16 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       if (!out.is_floating_point() && !out.is_complex()) non_differentiable.push_back(out);
     }
     ctx->mark_non_differentiable(non_differentiable);
+    // An output no gradient reaches gets none: its part of the segment is not differentiated, as
+    // plain autograd would not run it, instead of differentiating zeros into the parameters.
+    ctx->set_materialize_grads(false);
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     return std::move(s.outputs);
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+  // The incoming gradients come by reference (the node's own list): they are let go of as soon as
+  // they enter the recomputed graph, instead of being held through the segment's backward.
+  static variable_list backward(AutogradContext* ctx, variable_list& grad_outputs) {
     auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
         ctx->saved_data["state"].toCapsule());
     auto& s = *state;
@@ -396,15 +562,17 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
     if (create_graph) refuse_dependent_inputs(s, slots);
     std::vector<Tensor> recompute_inputs;
-    const std::vector<Tensor> outputs = recompute(s, create_graph, recompute_inputs);
+    std::vector<Tensor> outputs = recompute(s, create_graph, recompute_inputs);
     check_recompute_matches_forward(s, outputs, grad_outputs);
     std::vector<Tensor> roots, grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].requires_grad() && grad_outputs[i].defined()) {
-        roots.push_back(outputs[i]);
-        grads.push_back(grad_outputs[i]);
+        roots.push_back(std::move(outputs[i]));
+        grads.push_back(std::move(grad_outputs[i]));
       }
     }
+    outputs.clear();
+    grad_outputs.clear();
     variable_list result(1 + s.inputs.size());  // the state argument first, then one per edge
     if (!roots.empty() && !slots.empty()) {
       std::vector<Tensor> targets, outside;  // outside: tensors of the caller's graph among them
@@ -412,10 +580,16 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
         targets.push_back(i < s.num_inputs ? recompute_inputs[i] : s.inputs[i]);
         if (i >= s.num_inputs || create_graph) outside.push_back(s.inputs[i]);
       }
-      HooksSetAside aside(outside);
-      const auto found = torch::autograd::grad(roots, targets, grads, /*retain_graph=*/create_graph, create_graph,
-                                               /*allow_unused=*/true);
-      for (size_t k = 0; k < slots.size(); ++k) result[1 + slots[k]] = found[k];
+      std::optional<std::vector<Tensor>> found;
+      if (!create_graph && SegmentBackward::applies(grads) && SegmentBackward::applies(targets)) {
+        found = SegmentBackward::run(roots, grads, targets);
+      }
+      if (!found) {
+        HooksSetAside aside(outside);
+        found = torch::autograd::grad(roots, targets, grads, /*retain_graph=*/create_graph, create_graph,
+                                      /*allow_unused=*/true);
+      }
+      for (size_t k = 0; k < slots.size(); ++k) result[1 + slots[k]] = (*found)[k];
     }
     if (!buffers.empty()) {
       // Only now: the recomputed graph may have saved these very tensors (batch_norm does), and

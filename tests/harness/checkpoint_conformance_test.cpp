@@ -379,5 +379,96 @@ TEST_F(Conformance, ActivationsAreFreedBetweenForwardAndBackward) {
   EXPECT_LT(checkpointed, plain / 4) << "plain " << plain << " B, checkpointed " << checkpointed << " B";
 }
 
+// Records the graph task its backward runs in.
+struct TaskProbe : torch::autograd::Function<TaskProbe> {
+  static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x, int* task) {
+    ctx->saved_data["task"] = reinterpret_cast<int64_t>(task);
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    *reinterpret_cast<int*>(ctx->saved_data["task"].toInt()) = torch::autograd::get_current_graph_task_id();
+    return {g[0], Tensor()};
+  }
+};
+
+TEST_F(Conformance, TheSegmentIsDifferentiatedInTheCallersGraphTask) {
+  Net net;
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  int outside = -1, inside = -2;
+  auto y = checkpoint([&](const Tensor& t) { return TaskProbe::apply(net(t), &inside); }, x);
+  TaskProbe::apply(y, &outside).sum().backward();
+  ASSERT_GE(outside, 0);
+  EXPECT_EQ(inside, outside) << "the recomputed segment ran in a graph task of its own";
+  // Negative control: grad() with inputs keeps the engine path, which differentiates the segment
+  // in a task of its own.
+  outside = -1;
+  inside = -2;
+  auto y2 = checkpoint([&](const Tensor& t) { return TaskProbe::apply(net(t), &inside); }, x);
+  torch::autograd::grad({TaskProbe::apply(y2, &outside).sum()}, {x});
+  EXPECT_NE(inside, outside);
+}
+
+TEST_F(Conformance, HooksInsideTheFunctionChangeGradientsAsInPlain) {
+  Net net;
+  int fires = 0;
+  auto f = [&](const Tensor& t) {
+    auto h = net.lin(t);
+    if (h.requires_grad()) {
+      h.register_hook([&fires](Tensor g) {
+        ++fires;
+        return g * 3;
+      });
+    }
+    return torch::tanh(h) * 2;
+  };
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  f(x).sum().backward();
+  const auto want = grads_of(net, x);
+  ASSERT_EQ(fires, 1);
+  for (auto& g : want) ASSERT_TRUE(g.defined());
+  std::vector<Tensor> kept;
+  for (const auto& g : want) kept.push_back(g.clone());
+  net.zero();
+  x.mutable_grad() = Tensor();
+  fires = 0;
+  checkpoint(f, x).sum().backward();
+  EXPECT_EQ(fires, 1) << "the hook runs once, in the recompute's backward";
+  expect_same_grads(grads_of(net, x), kept, "hook inside");
+}
+
+TEST_F(Conformance, OutputsOfOneOpAndBranchingGradientsMatchPlain) {
+  torch::nn::Linear lin(6, 8);
+  auto f = [&](const std::vector<Tensor>& in) {
+    auto parts = lin(in[0]).chunk(2, -1);  // two outputs of one op
+    auto a = torch::sin(in[0]) * in[1];    // x reached by two paths, w used twice
+    return std::vector<Tensor>{parts[0] * parts[1] + lin(a).narrow(-1, 0, 4), parts[1]};
+  };
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  auto s = torch::randn({3, 6}, torch::requires_grad());
+  auto loss = [](const std::vector<Tensor>& o) { return (o[0] * 1.5 + o[1].cos()).sum(); };
+  loss(f({x, s})).backward();
+  std::vector<Tensor> want{lin->weight.grad().clone(), lin->bias.grad().clone(), x.grad().clone(), s.grad().clone()};
+  lin->zero_grad();
+  x.mutable_grad() = Tensor();
+  s.mutable_grad() = Tensor();
+  loss(checkpoint(f, {x, s})).backward();
+  std::vector<Tensor> got{lin->weight.grad(), lin->bias.grad(), x.grad(), s.grad()};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TENSORS_EQUAL(got[i], want[i]) << "gradient " << i;
+}
+
+TEST_F(Conformance, AnOutputNoGradientReachesGivesItsParametersNone) {
+  torch::nn::Linear used(6, 6), unused(6, 6);
+  auto f = [&](const std::vector<Tensor>& in) { return std::vector<Tensor>{used(in[0]), unused(in[0])}; };
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  f({x})[0].sum().backward();
+  ASSERT_FALSE(unused->weight.grad().defined());  // negative control: plain leaves it without a gradient
+  const auto want = used->weight.grad().clone();
+  used->zero_grad();
+  checkpoint(f, {x})[0].sum().backward();
+  EXPECT_TENSORS_EQUAL(used->weight.grad(), want);
+  EXPECT_FALSE(unused->weight.grad().defined()) << "a parameter only the unused output reads got a gradient";
+}
+
 }  // namespace
 }  // namespace ckcheck

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns a report written by ckcheck into a golden file for tests/reports: numbers that vary
 between machines (floating-point values and integers of two digits or more, such as ULP distances and counts) and the version
-become {{num}} / {{any}} placeholders; everything else must match exactly.
+become {{num}} / {{bytes}} / {{any}} placeholders; everything else must match exactly.
 
     python3 scripts/make_golden.py REPORT > tests/reports/golden/NAME.golden
 """
@@ -31,6 +31,8 @@ def convert(line):
     line = re.sub(r'^(cost: ).*$', r'\1{{any}}', line)  # the console's cost line: CPU times
     line = re.sub(r'(time=")[^"]*(")', r'\1{{num}}\2', line)
     line = FLOAT.sub('{{num}}', line)
+    # A size's unit follows it too (0 B, 8.0 KiB).
+    line = re.sub(r'(\{\{num\}\}|\b\d) (B|KiB|MiB|GiB|TiB)\b', '{{bytes}}', line)
     # A duration's unit follows its size (845 us, 1.2 ms).
     return re.sub(r'(\{\{num\}\}|\b\d) (ns|us|ms|s)\b', r'{{num}} {{unit}}', line)
 

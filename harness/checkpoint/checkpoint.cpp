@@ -1,5 +1,6 @@
 #include "ckcheck/checkpoint.h"
 
+#include <ATen/SequenceNumber.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
@@ -381,8 +382,13 @@ class SegmentBackward {
   }
 
   // `roots` and `grads` are given up: the gradients are held only until the node they enter runs.
+  // A target marked in `leaf_params` (a leaf the function captured) whose gradient only this
+  // segment makes is accumulated here, where the segment completes it, as the engine would right
+  // then; its entry in the result is undefined. `recomputed_from` is the sequence number the
+  // recompute's nodes start at.
   static std::optional<std::vector<Tensor>> run(std::vector<Tensor>& roots, std::vector<Tensor>& grads,
-                                                const std::vector<Tensor>& targets) {
+                                                const std::vector<Tensor>& targets, const std::vector<bool>& leaf_params,
+                                                uint64_t recomputed_from) {
     SegmentBackward b;
     std::vector<torch::autograd::Edge> root_edges;
     for (const auto& r : roots) root_edges.push_back(torch::autograd::impl::gradient_edge(r));
@@ -397,6 +403,13 @@ class SegmentBackward {
     }
     if (!b.prune(root_edges)) return std::nullopt;
     roots.clear();
+    std::vector<bool> accumulated(targets.size(), false);
+    for (size_t k = 0; k < targets.size(); ++k) {
+      if (leaf_params[k] && b.completes_here(target_edges[k], recomputed_from)) {
+        b.targets_.erase(target_edges[k].function.get());
+        accumulated[k] = true;
+      }
+    }
     torch::autograd::validate_outputs(root_edges, grads, [](const std::string& msg) {
       return "ckcheck::checkpoint: " + msg;
     });
@@ -415,9 +428,9 @@ class SegmentBackward {
       b.evaluate(*node);
     }
     std::vector<Tensor> found;
-    for (const auto& e : target_edges) {
-      const auto it = b.buffers_.find(e.function.get());
-      found.push_back(it == b.buffers_.end() ? Tensor() : it->second[e.input_nr]);
+    for (size_t k = 0; k < targets.size(); ++k) {
+      const auto it = b.buffers_.find(target_edges[k].function.get());
+      found.push_back(accumulated[k] || it == b.buffers_.end() ? Tensor() : it->second[target_edges[k].input_nr]);
     }
     return found;
   }
@@ -428,11 +441,29 @@ class SegmentBackward {
     bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
   };
 
+  // Whether a leaf's gradient accumulator may run here: no hook watches it (the engine would still
+  // call them with the undefined gradient handed back) and every reference to it is known -- the
+  // target's edge, the checkpoint node's edge and the recomputed nodes' edges -- so no node outside
+  // the segment sends it a gradient the engine would first sum with this one.
+  bool completes_here(const torch::autograd::Edge& target, uint64_t recomputed_from) const {
+    auto* acc = target.function.get();
+    if (acc == nullptr || needed_.count(acc) == 0 || !acc->tensor_pre_hooks().empty() || !acc->pre_hooks().empty() ||
+        !acc->retains_grad_hooks().empty() || !acc->post_hooks().empty() || acc->tensor_post_acc_grad_hooks()) {
+      return false;
+    }
+    size_t known = 2;  // `target` itself and the checkpoint node's edge
+    for (auto* node : visited_) {
+      if (node->sequence_nr() < recomputed_from || targets_.count(node) != 0) continue;
+      for (const auto& e : node->next_edges()) known += e.function.get() == acc ? 1 : 0;
+    }
+    return static_cast<size_t>(target.function.use_count()) == known;
+  }
+
   // Marks the nodes that lead to a target (not going past one) and counts, for each, the gradients
   // it waits for. False where a node runs off the CPU.
   bool prune(const std::vector<torch::autograd::Edge>& root_edges) {
     // Post-order walk: a node is needed when it is a target or one of its next nodes is needed.
-    std::unordered_set<Node*> visited;
+    auto& visited = visited_;
     std::vector<std::pair<Node*, size_t>> stack;
     for (const auto& e : root_edges) {
       auto* root = e.function.get();
@@ -506,6 +537,7 @@ class SegmentBackward {
   }
 
   std::unordered_set<const Node*> targets_;
+  std::unordered_set<Node*> visited_;
   std::unordered_set<Node*> needed_;
   std::unordered_map<Node*, size_t> pending_;
   std::unordered_map<Node*, torch::autograd::variable_list> buffers_;
@@ -541,8 +573,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     auto& s = *state;
     refuse_released(s);
     // The backward asks for what it asks: all inputs for loss.backward(), some for
-    // autograd::grad(...) or backward(inputs=...). Only those are differentiated, and nothing is
-    // accumulated here: the engine routes the returned gradients, as it does for any node.
+    // autograd::grad(...) or backward(inputs=...). Only those are differentiated, and the engine
+    // routes the returned gradients, as it does for any node -- except a captured parameter's whose
+    // gradient only this segment makes, accumulated where it is complete (SegmentBackward).
     std::vector<size_t> slots;
     for (size_t i = 0; i < s.inputs.size(); ++i) {
       if (s.inputs[i].requires_grad() && ctx->needs_input_grad(i)) slots.push_back(i);
@@ -562,6 +595,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 
     if (create_graph) refuse_dependent_inputs(s, slots);
     std::vector<Tensor> recompute_inputs;
+    const uint64_t recomputed_from = at::sequence_number::peek();
     std::vector<Tensor> outputs = recompute(s, create_graph, recompute_inputs);
     check_recompute_matches_forward(s, outputs, grad_outputs);
     std::vector<Tensor> roots, grads;
@@ -576,13 +610,15 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     variable_list result(1 + s.inputs.size());  // the state argument first, then one per edge
     if (!roots.empty() && !slots.empty()) {
       std::vector<Tensor> targets, outside;  // outside: tensors of the caller's graph among them
+      std::vector<bool> leaf_params;
       for (const auto i : slots) {
         targets.push_back(i < s.num_inputs ? recompute_inputs[i] : s.inputs[i]);
+        leaf_params.push_back(i >= s.num_inputs && s.inputs[i].is_leaf());
         if (i >= s.num_inputs || create_graph) outside.push_back(s.inputs[i]);
       }
       std::optional<std::vector<Tensor>> found;
       if (!create_graph && SegmentBackward::applies(grads) && SegmentBackward::applies(targets)) {
-        found = SegmentBackward::run(roots, grads, targets);
+        found = SegmentBackward::run(roots, grads, targets, leaf_params, recomputed_from);
       }
       if (!found) {
         HooksSetAside aside(outside);

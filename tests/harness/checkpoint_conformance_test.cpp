@@ -470,5 +470,78 @@ TEST_F(Conformance, AnOutputNoGradientReachesGivesItsParametersNone) {
   EXPECT_FALSE(unused->weight.grad().defined()) << "a parameter only the unused output reads got a gradient";
 }
 
+// Four 256x256 layers over a batch of 4: their weights' gradients (256 KiB each) dwarf the
+// activations (4 KiB each).
+struct WideLayers {
+  mutable std::vector<torch::nn::Linear> layers{torch::nn::Linear(256, 256), torch::nn::Linear(256, 256),
+                                        torch::nn::Linear(256, 256), torch::nn::Linear(256, 256)};
+  Tensor operator()(Tensor h) const {
+    for (auto& l : layers) h = torch::tanh(l(h));
+    return h;
+  }
+  std::vector<Tensor> parameters() const {
+    std::vector<Tensor> ps;
+    for (const auto& l : layers) {
+      for (const auto& p : l->parameters()) ps.push_back(p);
+    }
+    return ps;
+  }
+  // Gradients that already hold something (as after an earlier micro-batch): the order in which
+  // contributions are added to them shows in the last bits.
+  void fill_grads(uint64_t seed) {
+    torch::manual_seed(seed);
+    for (auto& p : parameters()) p.mutable_grad() = torch::randn_like(p);
+  }
+  std::vector<Tensor> grads() const {
+    std::vector<Tensor> g;
+    for (const auto& p : parameters()) g.push_back(p.grad().clone());
+    return g;
+  }
+};
+
+TEST_F(Conformance, ParameterGradientsAreAccumulatedAsTheSegmentCompletesThem) {
+  // Plain autograd adds each weight's gradient to .grad as soon as it is made; the checkpoint must
+  // not hold the whole segment's parameter gradients until its backward ends.
+  install_cpu_tracking_allocator();
+  auto& meter = MemoryMeter::of(torch::kCPU);
+  WideLayers net;
+  auto x = torch::randn({4, 256}, torch::requires_grad());
+  auto backward_peak = [&](bool checkpointed) {
+    net.fill_grads(1);
+    auto y = checkpointed ? checkpoint([&net](const Tensor& t) { return net(t); }, x) : net(x);
+    auto loss = y.sum();
+    meter.reset_peak();
+    const auto before = meter.current_bytes();
+    loss.backward();
+    return meter.peak_bytes() - before;
+  };
+  const auto plain = backward_peak(false);
+  const auto want = net.grads();
+  const auto checkpointed = backward_peak(true);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TENSORS_EQUAL(net.grads()[i], want[i]) << "parameter " << i;
+  const int64_t weight_grad = 256 * 256 * 4;
+  EXPECT_GT(plain, weight_grad / 2);  // negative control: plain's peak is about one weight's gradient
+  EXPECT_LT(checkpointed, plain + weight_grad / 2)
+      << "plain backward peaks " << plain << " B above its start, checkpointed " << checkpointed << " B";
+}
+
+TEST_F(Conformance, AParameterUsedInsideAndOutsideGetsPlainsGradientOnce) {
+  // w reaches the loss through the segment and around it: plain autograd sums both gradients and
+  // adds the sum to .grad once, and so must the checkpoint (adding each alone rounds otherwise).
+  WideLayers net;
+  auto x = torch::randn({4, 256}, torch::requires_grad());
+  const auto& w = net.layers[0]->weight;
+  auto run = [&](bool checkpointed) {
+    net.fill_grads(1);
+    auto y = checkpointed ? checkpoint([&net](const Tensor& t) { return net(t); }, x) : net(x);
+    (y.sum() + torch::mm(x, w).pow(2).sum()).backward();
+  };
+  run(false);
+  const auto want = net.grads();
+  run(true);
+  const auto got = net.grads();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TENSORS_EQUAL(got[i], want[i]) << "parameter " << i;
+}
+
 }  // namespace
 }  // namespace ckcheck

@@ -1,5 +1,6 @@
 // Golden outputs of every report format. Numbers that vary between machines are {{num}} in the
-// golden files (scripts/make_golden.py makes them from a report); runs of spaces compare as one.
+// golden files ({{bytes}} for a size, whose unit varies too; scripts/make_golden.py makes them from
+// a report); runs of spaces compare as one.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -42,6 +43,9 @@ std::regex line_regex(const std::string& golden) {
     if (golden.compare(i, 7, "{{num}}") == 0) {
       re += R"((-?[0-9][0-9.e+\-]*|-?nan|-?inf|null))";
       i += 7;
+    } else if (golden.compare(i, 9, "{{bytes}}") == 0) {
+      re += R"((-?[0-9][0-9.e+\-]*) (B|KiB|MiB|GiB|TiB))";  // a size, in whichever unit suits it
+      i += 9;
     } else if (golden.compare(i, 8, "{{unit}}") == 0) {
       re += "(ns|us|ms|s)";  // a duration's unit follows its size
       i += 8;

@@ -46,13 +46,11 @@ int64_t make_transformer(int64_t layers, int64_t hidden, int64_t heads, int64_t 
 }
 
 // One training step (forward and backward) under `policy`: [seconds, peak bytes above the start].
-// An unmeasured step runs first: the runner makes the gradient it feeds the outputs (as large as
-// the logits) in its first step, which the Python side makes once and keeps, outside its peak.
 std::vector<double> step(int64_t session, const std::string& policy) {
   TORCH_CHECK(session >= 0 && session < static_cast<int64_t>(sessions().size()), "no ckcheck_bench session ", session);
   auto& s = *sessions()[session];
   const auto plan = ckcheck::Plan::make(*s.model, {}, ckcheck::Policy::parse(policy));
-  const auto m = s.runner->measure(&plan, 1, 1);
+  const auto m = s.runner->measure(&plan, 0, 1);
   TORCH_CHECK(m.error.empty(), "ckcheck step failed: ", m.error);
   return {m.step_seconds.at(0), static_cast<double>(m.peak_bytes)};
 }

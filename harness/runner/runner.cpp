@@ -824,7 +824,6 @@ Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t step
     auto xs = leaf_inputs(inputs, config_.input_requires_grad);
     zero_gradients(params, xs, /*allocate=*/true);
     m.baseline_bytes = baseline_bytes(params, xs);
-    std::vector<Tensor> upstream;  // per output, the same every step
     for (int64_t i = 0; i < warmup + steps; ++i) {
       zero_gradients(params, xs, /*allocate=*/false);
       meter.reset_peak();
@@ -834,7 +833,10 @@ Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t step
       const auto instructions0 = instruction_counter().read();
       std::vector<Tensor> outs;
       const double forward = time_on_device(config_.device, [&] { outs = forward_under(autocast, model_, xs, sites); });
-      if (upstream.empty()) upstream = upstream_per_output(outs, config_.seed);
+      // The same values every step, made afresh in each: a training step's backward makes its
+      // outputs' gradient (the loss's backward does), so every measured step holds it once -- a
+      // single measured step as much as the last of many.
+      const auto upstream = upstream_per_output(outs, config_.seed);
       std::vector<Tensor> roots, grads;
       for (size_t k = 0; k < outs.size(); ++k) {
         if (outs[k].requires_grad() && upstream[k].defined()) {

@@ -462,21 +462,17 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
     // Predicted within the budget but measured over it: plan again with the excess taken off --
     // unless the module plan measured beside it fits, which is then the plan.
     const int64_t excess = total - options.memory_budget_bytes;
+    chosen.outcome = fmt::format("not recommended: measured {} over the budget (predicted {} above the baseline, measured {})",
+                                 format_bytes(static_cast<double>(excess)), format_bytes(static_cast<double>(chosen.predicted_peak_bytes)),
+                                 format_bytes(static_cast<double>(it->measurement.peak_bytes)));
     if (other_fits) {
-      chosen.outcome = fmt::format("not recommended: measured {} over the budget (predicted {} above the baseline, measured {})",
-                                   format_bytes(static_cast<double>(excess)),
-                                   format_bytes(static_cast<double>(chosen.predicted_peak_bytes)),
-                                   format_bytes(static_cast<double>(it->measurement.peak_bytes)));
       out.attempts[*rival].outcome = "recommended: passes its checks; its measured peak is within the budget, where the "
                                      "selective plan preferred to it measured over the budget";
       accepted = rival;
       rival_fits_alone = true;
       break;
     }
-    chosen.outcome = fmt::format("not recommended: measured {} over the budget (predicted {} above the baseline, measured {}); "
-                                 "the next plan is solved for a budget that much smaller",
-                                 format_bytes(static_cast<double>(excess)), format_bytes(static_cast<double>(chosen.predicted_peak_bytes)),
-                                 format_bytes(static_cast<double>(it->measurement.peak_bytes)));
+    chosen.outcome += "; the next plan is solved for a budget that much smaller";
     // The next plan must be predicted at least that much smaller, and never this one again.
     margin = std::max(margin + std::max<int64_t>(excess, 1), budget - chosen.predicted_peak_bytes + 1);
     accepted.reset();

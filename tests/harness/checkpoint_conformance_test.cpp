@@ -518,7 +518,8 @@ TEST_F(Conformance, ParameterGradientsAreAccumulatedAsTheSegmentCompletesThem) {
   const auto plain = backward_peak(false);
   const auto want = net.grads();
   const auto checkpointed = backward_peak(true);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_TENSORS_EQUAL(net.grads()[i], want[i]) << "parameter " << i;
+  const auto got = net.grads();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TENSORS_EQUAL(got[i], want[i]) << "parameter " << i;
   const int64_t weight_grad = 256 * 256 * 4;
   EXPECT_GT(plain, weight_grad / 2);  // negative control: plain's peak is about one weight's gradient
   EXPECT_LT(checkpointed, plain + weight_grad / 2)

@@ -34,6 +34,24 @@ struct RecomputeMark {
   ~RecomputeMark() { --recompute_depth; }
 };
 
+// Keeps the checkpoint's own ops (a detach, a clone) out of op traces: the profiler's, an
+// observer's. Turning RecordFunction off and on rebuilds the thread's callback list, which costs
+// more than the rest of a small call, so it is done only where some callback would see the ops.
+class Quiet {
+ public:
+  Quiet() : turned_off_(at::isRecordFunctionEnabled() && at::hasCallbacks()) {
+    if (turned_off_) at::enableRecordFunction(false);
+  }
+  ~Quiet() {
+    if (turned_off_) at::enableRecordFunction(true);
+  }
+  Quiet(const Quiet&) = delete;
+  Quiet& operator=(const Quiet&) = delete;
+
+ private:
+  bool turned_off_;
+};
+
 // Everything the backward needs, held by the autograd node through a capsule in saved_data. The
 // inputs are held here rather than through save_for_backward so that a changed input is reported
 // with the checkpoint's own error (site and input index) instead of the saved-variable one.
@@ -64,6 +82,7 @@ struct CheckpointState : torch::CustomClassHolder {
 class CapturedTensors {
  public:
   explicit CapturedTensors(const std::vector<Tensor>& inputs) : previous_(current_) {
+    if (turned_on_) at::enableRecordFunction(true);
     for (const auto& x : inputs) seen_.insert(x.unsafeGetTensorImpl());
     if (previous_ == nullptr) {
       handle_ = at::addThreadLocalCallback(
@@ -74,6 +93,7 @@ class CapturedTensors {
   ~CapturedTensors() {
     current_ = previous_;
     if (previous_ == nullptr) at::removeCallback(handle_);
+    if (turned_on_) at::enableRecordFunction(false);
   }
   CapturedTensors(const CapturedTensors&) = delete;
   CapturedTensors& operator=(const CapturedTensors&) = delete;
@@ -102,8 +122,8 @@ class CapturedTensors {
 
   static thread_local CapturedTensors* current_;
   // On even where the caller turned RecordFunction off: without it the parameters would go unseen
-  // and get no gradient.
-  at::RecordFunctionGuard enabled_{true};
+  // and get no gradient. (Turned on only where it is off: each turn rebuilds the callback list.)
+  bool turned_on_ = !at::isRecordFunctionEnabled();
   CapturedTensors* previous_;
   at::CallbackHandle handle_{};
   std::unordered_set<const c10::TensorImpl*> seen_;
@@ -293,7 +313,6 @@ std::vector<Tensor> recompute(const CheckpointState& s, bool create_graph, std::
   // state it had, so that checkpointing leaves the random stream of the step unchanged.
   std::optional<RngFork> caller_rng;
   if (s.rng) {
-    at::DisableRecordFunctionGuard quiet;
     caller_rng = RngFork::capture();
     s.rng->restore();
   }
@@ -311,7 +330,7 @@ std::vector<Tensor> recompute(const CheckpointState& s, bool create_graph, std::
     torch::AutoGradMode grad(true);
     inputs.assign(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
     if (!create_graph) {
-      at::DisableRecordFunctionGuard quiet;
+      Quiet quiet;
       for (auto& x : inputs) {
         if (x.requires_grad()) x = x.detach().requires_grad_(true);
       }
@@ -331,10 +350,7 @@ std::vector<Tensor> recompute(const CheckpointState& s, bool create_graph, std::
   }
   if (s.options.observer()) s.options.observer()->recompute_end(s.call, outputs);
   autocast.reset();
-  if (caller_rng) {
-    at::DisableRecordFunctionGuard quiet;
-    caller_rng->restore();
-  }
+  if (caller_rng) caller_rng->restore();
   return outputs;
 }
 
@@ -391,22 +407,24 @@ class SegmentBackward {
                                                 uint64_t recomputed_from) {
     SegmentBackward b;
     std::vector<torch::autograd::Edge> root_edges;
+    root_edges.reserve(roots.size());
     for (const auto& r : roots) root_edges.push_back(torch::autograd::impl::gradient_edge(r));
     std::vector<torch::autograd::Edge> target_edges;
+    target_edges.reserve(targets.size());
     for (const auto& t : targets) {
       if (t.grad_fn()) {
         target_edges.emplace_back(t.grad_fn(), t.output_nr());
       } else {
         target_edges.emplace_back(torch::autograd::impl::try_get_grad_accumulator(t), 0);
       }
-      if (target_edges.back().function) b.targets_.insert(target_edges.back().function.get());
+      if (auto* node = target_edges.back().function.get()) b.nodes_[node].target = true;
     }
     if (!b.prune(root_edges)) return std::nullopt;
     roots.clear();
     std::vector<bool> accumulated(targets.size(), false);
     for (size_t k = 0; k < targets.size(); ++k) {
       if (leaf_params[k] && b.completes_here(target_edges[k], recomputed_from)) {
-        b.targets_.erase(target_edges[k].function.get());
+        b.nodes_[target_edges[k].function.get()].target = false;
         accumulated[k] = true;
       }
     }
@@ -416,10 +434,10 @@ class SegmentBackward {
     for (size_t i = 0; i < root_edges.size(); ++i) b.deliver(root_edges[i], std::move(grads[i]));
     grads.clear();
     for (const auto& e : root_edges) {
-      auto* node = e.function.get();
-      if (node != nullptr && b.targets_.count(node) == 0 && b.needed_.count(node) != 0 && b.pending_[node] == 0 &&
-          b.queued_.insert(node).second) {
-        b.ready_.push(node);
+      auto* info = b.find(e.function.get());
+      if (info != nullptr && !info->target && info->needed && info->pending == 0 && !info->queued) {
+        info->queued = true;
+        b.ready_.push(e.function.get());
       }
     }
     while (!b.ready_.empty()) {
@@ -428,9 +446,11 @@ class SegmentBackward {
       b.evaluate(*node);
     }
     std::vector<Tensor> found;
+    found.reserve(targets.size());
     for (size_t k = 0; k < targets.size(); ++k) {
-      const auto it = b.buffers_.find(target_edges[k].function.get());
-      found.push_back(accumulated[k] || it == b.buffers_.end() ? Tensor() : it->second[target_edges[k].input_nr]);
+      const auto* info = b.find(target_edges[k].function.get());
+      const bool has = !accumulated[k] && info != nullptr && !info->buffer.empty();
+      found.push_back(has ? info->buffer[target_edges[k].input_nr] : Tensor());
     }
     return found;
   }
@@ -440,20 +460,39 @@ class SegmentBackward {
   struct Later {
     bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
   };
+  // What the walk knows of one node, in one table: a segment's nodes are few, and one lookup and
+  // one allocation per node cost less than a set or a map for each property.
+  struct Info {
+    bool target = false;  // its gradient is read here, not passed on
+    bool needed = false;  // leads to a target
+    bool queued = false;
+    size_t pending = 0;  // gradients still to arrive from needed nodes
+    torch::autograd::variable_list buffer;
+  };
+
+  Info* find(Node* node) {
+    if (node == nullptr) return nullptr;
+    const auto it = nodes_.find(node);
+    return it == nodes_.end() ? nullptr : &it->second;
+  }
+  bool is_needed(Node* node) {
+    const auto* info = find(node);
+    return info != nullptr && info->needed;
+  }
 
   // Whether a leaf's gradient accumulator may run here: no hook watches it (the engine would still
   // call them with the undefined gradient handed back) and every reference to it is known -- the
   // target's edge, the checkpoint node's edge and the recomputed nodes' edges -- so no node outside
   // the segment sends it a gradient the engine would first sum with this one.
-  bool completes_here(const torch::autograd::Edge& target, uint64_t recomputed_from) const {
+  bool completes_here(const torch::autograd::Edge& target, uint64_t recomputed_from) {
     auto* acc = target.function.get();
-    if (acc == nullptr || needed_.count(acc) == 0 || !acc->tensor_pre_hooks().empty() || !acc->pre_hooks().empty() ||
+    if (!is_needed(acc) || !acc->tensor_pre_hooks().empty() || !acc->pre_hooks().empty() ||
         !acc->retains_grad_hooks().empty() || !acc->post_hooks().empty() || acc->tensor_post_acc_grad_hooks()) {
       return false;
     }
     size_t known = 2;  // `target` itself and the checkpoint node's edge
-    for (auto* node : visited_) {
-      if (node->sequence_nr() < recomputed_from || targets_.count(node) != 0) continue;
+    for (const auto& [node, info] : nodes_) {  // every node the walk visited
+      if (node->sequence_nr() < recomputed_from || info.target) continue;
       for (const auto& e : node->next_edges()) known += e.function.get() == acc ? 1 : 0;
     }
     return static_cast<size_t>(target.function.use_count()) == known;
@@ -462,59 +501,62 @@ class SegmentBackward {
   // Marks the nodes that lead to a target (not going past one) and counts, for each, the gradients
   // it waits for. False where a node runs off the CPU.
   bool prune(const std::vector<torch::autograd::Edge>& root_edges) {
-    // Post-order walk: a node is needed when it is a target or one of its next nodes is needed.
-    auto& visited = visited_;
+    // Post-order walk: a node is needed when it is a target or one of its next nodes is needed. A
+    // node is in the table once visited (the targets from the start).
     std::vector<std::pair<Node*, size_t>> stack;
+    auto visit = [this, &stack](Node* node) {
+      const auto [it, fresh] = nodes_.try_emplace(node);
+      if (it->second.target) {
+        it->second.needed = true;
+      } else if (fresh) {
+        stack.emplace_back(node, 0);
+      }
+    };
     for (const auto& e : root_edges) {
-      auto* root = e.function.get();
-      if (root == nullptr || !visited.insert(root).second) continue;
-      stack.emplace_back(root, 0);
+      if (auto* root = e.function.get()) visit(root);
       while (!stack.empty()) {
-        auto& [node, next] = stack.back();
-        if (targets_.count(node) != 0) {
-          needed_.insert(node);
-          stack.pop_back();
-          continue;
-        }
+        auto* node = stack.back().first;
+        const size_t next = stack.back().second;
         if (next < node->num_outputs()) {
-          auto* child = node->next_edge(next++).function.get();
-          if (child != nullptr && visited.insert(child).second) stack.emplace_back(child, 0);
+          ++stack.back().second;
+          if (auto* child = node->next_edge(next).function.get()) visit(child);
           continue;
         }
+        auto& info = nodes_[node];
         for (const auto& e2 : node->next_edges()) {
-          if (e2.function && needed_.count(e2.function.get()) != 0) {
-            needed_.insert(node);
+          if (is_needed(e2.function.get())) {
+            info.needed = true;
             break;
           }
         }
         stack.pop_back();
       }
     }
-    for (auto* node : needed_) {
-      if (targets_.count(node) != 0) continue;
+    for (auto& [node, info] : nodes_) {
+      if (!info.needed || info.target) continue;
       for (size_t i = 0; i < node->num_inputs(); ++i) {
         const auto& m = node->input_metadata(i);
         if (!m.device().is_cpu() || m.is_nested_tensor()) return false;
       }
       for (const auto& e : node->next_edges()) {
-        if (e.function && needed_.count(e.function.get()) != 0) ++pending_[e.function.get()];
+        auto* child = find(e.function.get());
+        if (child != nullptr && child->needed) ++child->pending;
       }
     }
     return true;
   }
 
   void deliver(const torch::autograd::Edge& edge, Tensor grad) {
-    auto* node = edge.function.get();
-    if (node == nullptr || needed_.count(node) == 0 || !grad.defined()) return;
-    auto& buffer = buffers_[node];
-    if (buffer.empty()) buffer.resize(node->num_inputs());
+    auto* info = find(edge.function.get());
+    if (info == nullptr || !info->needed || !grad.defined()) return;
+    auto& buffer = info->buffer;
+    if (buffer.empty()) buffer.resize(edge.function->num_inputs());
     auto& slot = buffer[edge.input_nr];
     slot = slot.defined() ? slot + grad : std::move(grad);
   }
 
   void evaluate(Node& node) {
-    auto inputs = std::move(buffers_[&node]);
-    buffers_.erase(&node);
+    auto inputs = std::move(nodes_[&node].buffer);
     for (const auto& hook : node.tensor_pre_hooks()) inputs = (*hook)(inputs);
     for (const auto& [index, hook] : node.retains_grad_hooks()) inputs = (*hook)(inputs);
     for (const auto& hook : node.pre_hooks()) inputs = (*hook)(inputs);
@@ -529,19 +571,17 @@ class SegmentBackward {
     for (const auto& hook : node.post_hooks()) outputs = (*hook)(outputs, kept);
     for (size_t i = 0; i < outputs.size(); ++i) {
       const auto& next = node.next_edge(i);
-      auto* child = next.function.get();
-      if (child == nullptr || needed_.count(child) == 0) continue;
+      auto* child = find(next.function.get());
+      if (child == nullptr || !child->needed) continue;
       deliver(next, std::move(outputs[i]));
-      if (targets_.count(child) == 0 && --pending_[child] == 0 && queued_.insert(child).second) ready_.push(child);
+      if (!child->target && --child->pending == 0 && !child->queued) {
+        child->queued = true;
+        ready_.push(next.function.get());
+      }
     }
   }
 
-  std::unordered_set<const Node*> targets_;
-  std::unordered_set<Node*> visited_;
-  std::unordered_set<Node*> needed_;
-  std::unordered_map<Node*, size_t> pending_;
-  std::unordered_map<Node*, torch::autograd::variable_list> buffers_;
-  std::unordered_set<Node*> queued_;
+  std::unordered_map<Node*, Info> nodes_;
   std::priority_queue<Node*, std::vector<Node*>, Later> ready_;
 };
 
@@ -585,8 +625,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // recomputed graph, which reaches the inputs themselves, so a second derivative is exact.
     const bool create_graph = torch::GradMode::is_enabled();
     std::vector<Tensor> buffers;  // values the forward left, put back once gradients have flowed
-    {
-      at::DisableRecordFunctionGuard quiet;
+    if (!s.options.restore_buffers().empty()) {
+      Quiet quiet;
       for (const auto& b : s.options.restore_buffers()) buffers.push_back(b.detach().clone());
     }
     const std::vector<Tensor> caller_inputs(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
@@ -631,7 +671,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       // Only now: the recomputed graph may have saved these very tensors (batch_norm does), and
       // writing them earlier would fail its version check.
       torch::NoGradGuard no_grad;
-      at::DisableRecordFunctionGuard quiet;
+      Quiet quiet;
       for (size_t i = 0; i < buffers.size(); ++i) s.options.restore_buffers()[i].copy_(buffers[i]);
     }
     if (!keep_graph) {
@@ -657,11 +697,7 @@ std::vector<Tensor> checkpoint(const TensorsFn& fn, const std::vector<Tensor>& i
     TORCH_CHECK(inputs[i].defined(), where(s.call), ": input ", i, " is an undefined tensor; pass defined tensors only");
   }
   const bool grad_mode = torch::GradMode::is_enabled();
-  {
-    // The checkpoint's own bookkeeping is not the function's work: keep it out of op traces.
-    at::DisableRecordFunctionGuard quiet;
-    if (s.options.preserve_rng_state()) s.rng = RngFork::capture();
-  }
+  if (s.options.preserve_rng_state()) s.rng = RngFork::capture();
   s.autocast = AutocastState::capture();
 
   std::vector<Tensor> captured;
@@ -689,7 +725,7 @@ std::vector<Tensor> checkpoint(const TensorsFn& fn, const std::vector<Tensor>& i
     }
   }
 
-  at::DisableRecordFunctionGuard quiet;
+  Quiet quiet;
   for (size_t i = 0; i < s.outputs.size(); ++i) {
     auto& out = s.outputs[i];
     TORCH_CHECK(out.defined(), where(s.call), ": output ", i,

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <ATen/record_function.h>
 #include <torch/cuda.h>
 #include <torch/utils.h>
 
@@ -51,12 +52,14 @@ RngFork RngFork::capture() {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto* cpu = at::check_generator<at::CPUGeneratorImpl>(gen);
-    f.cpu_engine_ = cpu->engine();
+    f.cpu_engine_.emplace(cpu->engine());
     f.cpu_next_float_ = cpu->next_float_normal_sample();
     f.cpu_next_double_ = cpu->next_double_normal_sample();
   }
   for (int d = 0; d < cuda_device_count(); ++d) {
-    if (compat::cuda_device_initialised(d)) f.cuda_.emplace_back(d, compat::generator_state(cuda_generator(d)));
+    if (!compat::cuda_device_initialised(d)) continue;
+    at::DisableRecordFunctionGuard quiet;  // reading a CUDA state makes a tensor: no op of the caller's
+    f.cuda_.emplace_back(d, compat::generator_state(cuda_generator(d)));
   }
   return f;
 }
@@ -66,10 +69,12 @@ void RngFork::restore() const {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto* cpu = at::check_generator<at::CPUGeneratorImpl>(gen);
-    cpu->set_engine(cpu_engine_);
+    cpu->set_engine(*cpu_engine_);
     cpu->set_next_float_normal_sample(cpu_next_float_);
     cpu->set_next_double_normal_sample(cpu_next_double_);
   }
+  if (cuda_.empty()) return;
+  at::DisableRecordFunctionGuard quiet;
   for (const auto& [d, state] : cuda_) compat::set_generator_state(cuda_generator(d), state);
 }
 

@@ -33,7 +33,7 @@ class RngFork {
   void restore() const;
 
  private:
-  at::mt19937 cpu_engine_;
+  std::optional<at::mt19937> cpu_engine_;  // optional: a default engine would be seeded for nothing
   std::optional<float> cpu_next_float_;
   std::optional<double> cpu_next_double_;
   std::vector<std::pair<int, torch::Tensor>> cuda_;  // device index, state

@@ -46,13 +46,38 @@ bool RngState::operator==(const RngState& other) const {
   return true;
 }
 
+namespace {
+struct SpareEngines {
+  static constexpr size_t kKept = 8;
+  std::vector<std::unique_ptr<at::mt19937>> engines;
+  ~SpareEngines() { gone = true; }
+  static thread_local bool gone;  // trivially destructible: still readable once `engines` is destroyed
+};
+thread_local bool SpareEngines::gone = false;
+thread_local SpareEngines spare_engines;
+}  // namespace
+
+void RngFork::Recycle::operator()(at::mt19937* engine) const {
+  if (!SpareEngines::gone && spare_engines.engines.size() < SpareEngines::kKept) {
+    spare_engines.engines.emplace_back(engine);
+  } else {
+    delete engine;
+  }
+}
+
 RngFork RngFork::capture() {
   RngFork f;
   {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     auto* cpu = at::check_generator<at::CPUGeneratorImpl>(gen);
-    f.cpu_engine_.emplace(cpu->engine());
+    if (SpareEngines::gone || spare_engines.engines.empty()) {
+      f.cpu_engine_.reset(new at::mt19937(cpu->engine()));
+    } else {
+      f.cpu_engine_.reset(spare_engines.engines.back().release());
+      spare_engines.engines.pop_back();
+      *f.cpu_engine_ = cpu->engine();
+    }
     f.cpu_next_float_ = cpu->next_float_normal_sample();
     f.cpu_next_double_ = cpu->next_double_normal_sample();
   }

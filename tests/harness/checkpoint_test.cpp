@@ -1,9 +1,12 @@
 #include "ckcheck/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 #include <torch/torch.h>
+
+#include <algorithm>
 
 #include "harness/support/global_state.h"
 #include "tests/support/support.h"
@@ -439,6 +442,47 @@ TEST(Checkpoint, ObserverSeesForwardAndRecompute) {
                       CheckpointOptions().name("s").observer(log));
   y.sum().backward();
   EXPECT_EQ(log->events, (std::vector<std::string>{"fb:s", "fe:s", "rb:s", "re:s"}));
+}
+
+// The checkpoint's own ops (the recompute's detach of its inputs, the clone that gives a view
+// output a tensor of its own, the RNG fork) stay out of an op trace: a profiler or observer sees
+// the function's ops, twice, and the backward's, as in a plain step that runs the function twice.
+TEST(Checkpoint, ItsOwnOpsStayOutOfAnOpTrace) {
+  static thread_local std::vector<std::string>* trace = nullptr;
+  torch::nn::Linear layer(4, 4);
+  auto fn = [&layer](const Tensor& in) { return torch::dropout(torch::tanh(layer(in)), 0.5, true).view({-1}); };
+  const auto x = torch::randn({2, 4}).requires_grad_();
+  auto ops_of = [&layer, &x](const std::function<void()>& step) {
+    layer->zero_grad();  // each step starts with no gradient: its accumulation's ops are the same
+    x.mutable_grad().reset();
+    std::vector<std::string> seen;
+    trace = &seen;
+    const auto handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& f) -> std::unique_ptr<at::ObserverContext> {
+          if (trace != nullptr) trace->emplace_back(f.name());
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION}));
+    step();
+    at::removeCallback(handle);
+    trace = nullptr;
+    return seen;
+  };
+  auto count = [](const std::vector<std::string>& ops, const std::string& name) {
+    return std::count(ops.begin(), ops.end(), name);
+  };
+  const auto plain = ops_of([&] {
+    {
+      torch::NoGradGuard no_grad;
+      fn(x);
+    }
+    fn(x).sum().backward();
+  });
+  const auto checkpointed = ops_of([&] { checkpoint(fn, x).sum().backward(); });
+  ASSERT_GT(count(plain, "aten::tanh"), 0);
+  EXPECT_EQ(count(checkpointed, "aten::tanh"), count(plain, "aten::tanh"));
+  for (const auto* op : {"aten::detach", "aten::clone", "aten::copy_", "aten::empty"}) {
+    EXPECT_EQ(count(checkpointed, op), count(plain, op)) << op;
+  }
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 //                        without any machinery
 //   Checkpoint           ckcheck::checkpoint (RNG and autocast saved and replayed)
 //   CheckpointNoRng      without the RNG replay
-// Checkpoint - PlainTwoForwards is the machinery's overhead per call.
+//   *Frozen              the same with the block's parameters frozen: the checkpoint's watch for
+//                        captured tensors still runs on every op but finds nothing
+// Checkpoint - PlainTwoForwards is the machinery's overhead per call; its difference from
+// CheckpointFrozen - PlainTwoForwardsFrozen is what capturing the parameters costs.
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -14,7 +17,12 @@
 namespace {
 
 struct Setup {
-  explicit Setup(int64_t width) : layer(width, width), x(torch::randn({4, width}).requires_grad_()) {}
+  explicit Setup(int64_t width, bool frozen = false)
+      : layer(width, width), x(torch::randn({4, width}).requires_grad_()) {
+    if (frozen) {
+      for (auto& p : layer->parameters()) p.requires_grad_(false);
+    }
+  }
   torch::Tensor block(const torch::Tensor& in) { return torch::tanh(layer(in)); }
   torch::nn::Linear layer;
   torch::Tensor x;
@@ -27,8 +35,8 @@ void Plain(benchmark::State& state) {
   }
 }
 
-void PlainTwoForwards(benchmark::State& state) {
-  Setup s(state.range(0));
+void TwoForwards(benchmark::State& state, bool frozen) {
+  Setup s(state.range(0), frozen);
   for (auto _ : state) {
     {
       torch::NoGradGuard no_grad;
@@ -38,12 +46,18 @@ void PlainTwoForwards(benchmark::State& state) {
   }
 }
 
-void Checkpoint(benchmark::State& state) {
-  Setup s(state.range(0));
+void Checkpointed(benchmark::State& state, bool frozen) {
+  Setup s(state.range(0), frozen);
   for (auto _ : state) {
     ckcheck::checkpoint([&s](const torch::Tensor& in) { return s.block(in); }, s.x).sum().backward();
   }
 }
+
+// Named functions, not BENCHMARK_CAPTURE: callgrind's --toggle-collect selects one by its name.
+void PlainTwoForwards(benchmark::State& state) { TwoForwards(state, false); }
+void PlainTwoForwardsFrozen(benchmark::State& state) { TwoForwards(state, true); }
+void Checkpoint(benchmark::State& state) { Checkpointed(state, false); }
+void CheckpointFrozen(benchmark::State& state) { Checkpointed(state, true); }
 
 void CheckpointNoRng(benchmark::State& state) {
   Setup s(state.range(0));
@@ -59,5 +73,7 @@ BENCHMARK(Plain)->Arg(8)->Arg(256);
 BENCHMARK(PlainTwoForwards)->Arg(8)->Arg(256);
 BENCHMARK(Checkpoint)->Arg(8)->Arg(256);
 BENCHMARK(CheckpointNoRng)->Arg(8)->Arg(256);
+BENCHMARK(PlainTwoForwardsFrozen)->Arg(8);
+BENCHMARK(CheckpointFrozen)->Arg(8);
 
 BENCHMARK_MAIN();

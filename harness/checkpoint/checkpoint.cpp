@@ -547,9 +547,12 @@ class SegmentBackward {
   }
 
   void deliver(const torch::autograd::Edge& edge, Tensor grad) {
-    auto* info = find(edge.function.get());
-    if (info == nullptr || !info->needed || !grad.defined()) return;
-    auto& buffer = info->buffer;
+    if (auto* info = find(edge.function.get())) deliver(*info, edge, std::move(grad));
+  }
+  // `info` is the table's entry for `edge.function`, already looked up by the caller.
+  static void deliver(Info& info, const torch::autograd::Edge& edge, Tensor grad) {
+    if (!info.needed || !grad.defined()) return;
+    auto& buffer = info.buffer;
     if (buffer.empty()) buffer.resize(edge.function->num_inputs());
     auto& slot = buffer[edge.input_nr];
     slot = slot.defined() ? slot + grad : std::move(grad);
@@ -573,7 +576,7 @@ class SegmentBackward {
       const auto& next = node.next_edge(i);
       auto* child = find(next.function.get());
       if (child == nullptr || !child->needed) continue;
-      deliver(next, std::move(outputs[i]));
+      deliver(*child, next, std::move(outputs[i]));
       if (!child->target && --child->pending == 0 && !child->queued) {
         child->queued = true;
         ready_.push(next.function.get());

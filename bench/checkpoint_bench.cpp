@@ -46,10 +46,10 @@ void TwoForwards(benchmark::State& state, bool frozen) {
   }
 }
 
-void Checkpointed(benchmark::State& state, bool frozen) {
+void Checkpointed(benchmark::State& state, bool frozen, const ckcheck::CheckpointOptions& options = {}) {
   Setup s(state.range(0), frozen);
   for (auto _ : state) {
-    ckcheck::checkpoint([&s](const torch::Tensor& in) { return s.block(in); }, s.x).sum().backward();
+    ckcheck::checkpoint([&s](const torch::Tensor& in) { return s.block(in); }, s.x, options).sum().backward();
   }
 }
 
@@ -60,11 +60,7 @@ void Checkpoint(benchmark::State& state) { Checkpointed(state, false); }
 void CheckpointFrozen(benchmark::State& state) { Checkpointed(state, true); }
 
 void CheckpointNoRng(benchmark::State& state) {
-  Setup s(state.range(0));
-  const auto options = ckcheck::CheckpointOptions().preserve_rng_state(false);
-  for (auto _ : state) {
-    ckcheck::checkpoint([&s](const torch::Tensor& in) { return s.block(in); }, s.x, options).sum().backward();
-  }
+  Checkpointed(state, false, ckcheck::CheckpointOptions().preserve_rng_state(false));
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
+#include <c10/util/DimVector.h>
+#include <c10/util/SmallVector.h>
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
@@ -11,6 +13,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <queue>
@@ -67,10 +70,33 @@ struct CheckpointState : torch::CustomClassHolder {
   std::vector<int64_t> versions;
   std::vector<Tensor> outputs;  // computed before the node exists, handed to it once
   // Each forward output's shape and dtype: the recompute must reproduce them.
-  std::vector<std::pair<std::vector<int64_t>, c10::ScalarType>> output_meta;
+  std::vector<std::pair<c10::DimVector, c10::ScalarType>> output_meta;
   std::optional<RngFork> rng;
   AutocastState autocast;
   bool consumed = false;
+};
+
+// Tensors already seen, by identity: a short list searched in order (a segment reads a few
+// parameters), a hash set once it grows past that.
+class SeenTensors {
+ public:
+  // False when `t` was seen before.
+  bool insert(const c10::TensorImpl* t) {
+    if (set_.empty()) {
+      if (std::find(list_.begin(), list_.end(), t) != list_.end()) return false;
+      if (list_.size() < kListMax) {
+        list_.push_back(t);
+        return true;
+      }
+      set_.insert(list_.begin(), list_.end());
+    }
+    return set_.insert(t).second;
+  }
+
+ private:
+  static constexpr size_t kListMax = 32;
+  c10::SmallVector<const c10::TensorImpl*, kListMax> list_;
+  std::unordered_set<const c10::TensorImpl*> set_;
 };
 
 // Finds the captured tensors: while the function runs under no-grad in the forward, every op input
@@ -85,8 +111,9 @@ class CapturedTensors {
     if (turned_on_) at::enableRecordFunction(true);
     for (const auto& x : inputs) seen_.insert(x.unsafeGetTensorImpl());
     if (previous_ == nullptr) {
-      handle_ = at::addThreadLocalCallback(
-          at::RecordFunctionCallback(&CapturedTensors::on_op).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+      static const auto callback =
+          at::RecordFunctionCallback(&CapturedTensors::on_op).needsInputs(true).scopes({at::RecordScope::FUNCTION});
+      handle_ = at::addThreadLocalCallback(callback);
     }
     current_ = this;
   }
@@ -110,7 +137,10 @@ class CapturedTensors {
   void visit(const c10::IValue& v) {
     if (v.isTensor()) {
       const auto& t = v.toTensor();
-      if (t.defined() && t.requires_grad() && seen_.insert(t.unsafeGetTensorImpl()).second) found_.push_back(t);
+      if (t.defined() && t.requires_grad() && seen_.insert(t.unsafeGetTensorImpl())) {
+        if (found_.empty()) found_.reserve(16);  // a block's parameters, in one allocation
+        found_.push_back(t);
+      }
     } else if (v.isTensorList()) {
       for (const auto& t : v.toTensorList()) visit(c10::IValue(static_cast<Tensor>(t)));
     } else if (v.isList()) {
@@ -126,7 +156,7 @@ class CapturedTensors {
   bool turned_on_ = !at::isRecordFunctionEnabled();
   CapturedTensors* previous_;
   at::CallbackHandle handle_{};
-  std::unordered_set<const c10::TensorImpl*> seen_;
+  SeenTensors seen_;
   std::vector<Tensor> found_;
 };
 
@@ -205,6 +235,9 @@ std::unordered_set<const torch::autograd::Node*> gradient_nodes(const std::vecto
 // the node: its gradient reaches them through the caller's graph inside the backward. When it also
 // comes from elsewhere, that part would be lost: refused, in one line.
 std::vector<Tensor> settle_dependent_captures(const CheckpointCall& call, std::vector<Tensor> captured) {
+  if (std::none_of(captured.begin(), captured.end(), [](const Tensor& t) { return t.grad_fn() != nullptr; })) {
+    return captured;  // leaves only (parameters): none is computed from another
+  }
   const auto targets = gradient_nodes(captured);
   std::vector<Tensor> kept;
   for (auto& t : captured) {
@@ -365,7 +398,7 @@ void check_recompute_matches_forward(const CheckpointState& s, const std::vector
     const auto& [sizes, dtype] = s.output_meta[i];
     // recompute_fp32 widens low-precision outputs on purpose; their shapes must still agree.
     const bool widened = s.options.recompute_fp32() && outputs[i].scalar_type() == torch::kFloat;
-    TORCH_CHECK(outputs[i].sizes().vec() == sizes && (widened || outputs[i].scalar_type() == dtype),
+    TORCH_CHECK(outputs[i].sizes() == c10::IntArrayRef(sizes) && (widened || outputs[i].scalar_type() == dtype),
                 where(s.call), ": the recompute's output ", i, " is ", outputs[i].scalar_type(),
                 outputs[i].sizes(), " but the forward's was ", dtype, c10::IntArrayRef(sizes),
                 "; the checkpointed function must compute the same thing each time it runs (does it "
@@ -620,6 +653,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // routes the returned gradients, as it does for any node -- except a captured parameter's whose
     // gradient only this segment makes, accumulated where it is complete (SegmentBackward).
     std::vector<size_t> slots;
+    slots.reserve(s.inputs.size());
     for (size_t i = 0; i < s.inputs.size(); ++i) {
       if (s.inputs[i].requires_grad() && ctx->needs_input_grad(i)) slots.push_back(i);
     }
@@ -632,8 +666,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       Quiet quiet;
       for (const auto& b : s.options.restore_buffers()) buffers.push_back(b.detach().clone());
     }
-    const std::vector<Tensor> caller_inputs(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
-    if (s.options.observer()) s.options.observer()->recompute_begin(s.call, caller_inputs, grad_outputs);
+    if (s.options.observer()) {
+      const std::vector<Tensor> caller_inputs(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
+      s.options.observer()->recompute_begin(s.call, caller_inputs, grad_outputs);
+    }
     if (s.options.check_input_versions()) check_inputs_unchanged(s);
 
     if (create_graph) refuse_dependent_inputs(s, slots);
@@ -642,6 +678,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     std::vector<Tensor> outputs = recompute(s, create_graph, recompute_inputs);
     check_recompute_matches_forward(s, outputs, grad_outputs);
     std::vector<Tensor> roots, grads;
+    roots.reserve(outputs.size());
+    grads.reserve(outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].requires_grad() && grad_outputs[i].defined()) {
         roots.push_back(std::move(outputs[i]));
@@ -654,6 +692,9 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     if (!roots.empty() && !slots.empty()) {
       std::vector<Tensor> targets, outside;  // outside: tensors of the caller's graph among them
       std::vector<bool> leaf_params;
+      targets.reserve(slots.size());
+      outside.reserve(slots.size());
+      leaf_params.reserve(slots.size());
       for (const auto i : slots) {
         targets.push_back(i < s.num_inputs ? recompute_inputs[i] : s.inputs[i]);
         leaf_params.push_back(i >= s.num_inputs && s.inputs[i].is_leaf());
@@ -687,12 +728,35 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 };
 
 }  // namespace
+}  // namespace ckcheck
 
-std::vector<Tensor> checkpoint(const TensorsFn& fn, const std::vector<Tensor>& inputs,
-                               const CheckpointOptions& options) {
+// The node's backward, as libtorch's CppNode<T>::apply runs it (under the node's lock, the
+// gradients of non-tensor arguments dropped) but without naming the node first: that name, a
+// demangled type name, is only for error messages and costs a tenth of the call's machinery.
+// Declared before the node type is first used, so that it replaces the generic member.
+template <>
+torch::autograd::variable_list torch::autograd::CppNode<ckcheck::CheckpointFunction>::apply(
+    variable_list&& inputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto outputs = ckcheck::CheckpointFunction::backward(&ctx_, inputs);
+  TORCH_INTERNAL_ASSERT(outputs.size() == is_variable_input_.size(), "ckcheck::checkpoint: the backward returned ",
+                        outputs.size(), " gradients for ", is_variable_input_.size(), " arguments");
+  variable_list results;
+  results.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (is_variable_input_[i]) results.push_back(std::move(outputs[i]));
+  }
+  return results;
+}
+
+namespace ckcheck {
+namespace {
+
+// The call itself; `fn` is taken by value and moved into the state, not copied again.
+std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inputs, const CheckpointOptions& options) {
   auto state = c10::make_intrusive<CheckpointState>();
   auto& s = *state;
-  s.fn = fn;
+  s.fn = std::move(fn);
   s.options = options;
   s.call = CheckpointCall{options.name(), next_call_id++};
   s.num_inputs = inputs.size();
@@ -710,21 +774,19 @@ std::vector<Tensor> checkpoint(const TensorsFn& fn, const std::vector<Tensor>& i
     std::optional<CapturedTensors> watch;
     if (grad_mode) watch.emplace(inputs);
     const auto& observer = s.options.observer();
-    const auto entry_versions = versions_of(inputs);
+    const auto entry_versions = s.options.check_input_versions() ? versions_of(inputs) : std::vector<int64_t>();
     if (observer) observer->forward_begin(s.call, inputs);
     s.outputs = s.fn(inputs);
     if (observer) observer->forward_end(s.call, inputs, s.outputs);
     if (watch) captured = watch->take();
     captured = settle_dependent_captures(s.call, std::move(captured));
-    if (s.options.check_input_versions()) {
-      const auto exit_versions = versions_of(inputs);
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        TORCH_CHECK(exit_versions[i] == entry_versions[i], where(s.call), ": the checkpointed function changed its input ",
-                    i, " in place (version ", entry_versions[i], " -> ", exit_versions[i],
-                    "), so the recompute would start from other data and the gradients would be "
-                    "wrong; clone the input before changing it, or move the in-place op out of "
-                    "the checkpointed segment");
-      }
+    for (size_t i = 0; i < entry_versions.size(); ++i) {
+      const auto exit_version = static_cast<int64_t>(inputs[i]._version());
+      TORCH_CHECK(exit_version == entry_versions[i], where(s.call), ": the checkpointed function changed its input ",
+                  i, " in place (version ", entry_versions[i], " -> ", exit_version,
+                  "), so the recompute would start from other data and the gradients would be "
+                  "wrong; clone the input before changing it, or move the in-place op out of "
+                  "the checkpointed segment");
     }
   }
 
@@ -737,18 +799,25 @@ std::vector<Tensor> checkpoint(const TensorsFn& fn, const std::vector<Tensor>& i
     // rebased by autograd's view logic onto a graph that bypasses this checkpoint's backward, and
     // an input returned as is would alias it: hand out a tensor of its own instead.
     if (out.is_view() || shares_impl(out, inputs) || shares_impl(out, captured)) out = out.clone();
-    s.output_meta.emplace_back(out.sizes().vec(), out.scalar_type());
+    s.output_meta.emplace_back(out.sizes(), out.scalar_type());
   }
-  s.inputs = inputs;
+  s.inputs.reserve(inputs.size() + captured.size());
+  s.inputs.insert(s.inputs.end(), inputs.begin(), inputs.end());
   s.inputs.insert(s.inputs.end(), captured.begin(), captured.end());
   s.versions = versions_of(s.inputs);
   return CheckpointFunction::apply(state, at::TensorList(s.inputs));
 }
 
+}  // namespace
+
+std::vector<Tensor> checkpoint(const TensorsFn& fn, const std::vector<Tensor>& inputs,
+                               const CheckpointOptions& options) {
+  return checkpoint_call(fn, inputs, options);
+}
+
 Tensor checkpoint(const TensorFn& fn, const Tensor& input, const CheckpointOptions& options) {
-  auto outputs = checkpoint(
-      [fn](const std::vector<Tensor>& xs) { return std::vector<Tensor>{fn(xs[0])}; },
-      std::vector<Tensor>{input}, options);
+  auto outputs = checkpoint_call(
+      [fn](const std::vector<Tensor>& xs) { return std::vector<Tensor>{fn(xs[0])}; }, {input}, options);
   return outputs[0];
 }
 
@@ -813,7 +882,7 @@ c10::IValue checkpoint_ivalues(const IValuesFn& fn, const std::vector<c10::IValu
     *structure = result;
     return outs;
   };
-  auto outs = checkpoint(tensor_fn, tensors, options);
+  auto outs = checkpoint_call(std::move(tensor_fn), tensors, options);
   size_t next = 0;
   return rebuild(*structure, outs, next);
 }

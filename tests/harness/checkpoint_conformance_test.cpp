@@ -157,6 +157,31 @@ TEST_F(Conformance, ATensorTheFunctionCapturesGetsItsGradientOnce) {
   EXPECT_EQ(fires, 1) << "the captured tensor's graph ran " << fires << " times";
 }
 
+TEST_F(Conformance, ManyCapturedParametersEachGetTheirGradientOnce) {
+  // More parameters than the watch keeps in its short list, each read twice, some before and some
+  // after the list grows into a set: every one must be captured once, none twice, none missed.
+  std::vector<Tensor> params;
+  for (int i = 0; i < 45; ++i) params.push_back(torch::randn({4}, torch::requires_grad()));
+  auto f = [&params](const Tensor& x) {
+    Tensor y = x;
+    for (const auto& p : params) y = y * p;
+    for (auto it = params.rbegin(); it != params.rend(); ++it) y = y + *it;
+    return y;
+  };
+  auto x = torch::randn({4});
+  f(x).sum().backward();
+  std::vector<Tensor> want;
+  for (auto& p : params) {
+    want.push_back(p.grad().clone());
+    p.mutable_grad().reset();
+  }
+  checkpoint(f, x).sum().backward();
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined()) << "parameter " << i << " got no gradient";
+    EXPECT_TENSORS_EQUAL(params[i].grad(), want[i]) << "parameter " << i;
+  }
+}
+
 TEST_F(Conformance, ParametersGetTheirGradientsWithRecordFunctionOff) {
   // The captured tensors are found through RecordFunction; a caller that turned it off must not
   // lose the parameters' gradients.

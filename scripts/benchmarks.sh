@@ -19,6 +19,12 @@ echo "== ckcheck bench, convnet (CPU)"
   --report json="$out/convnet.json" --report html="$out/convnet.html" --report markdown="$out/convnet.md"
 echo "== the checkpoint machinery per call (Google Benchmark)"
 "$build/bench/ckcheck_bench_checkpoint" --benchmark_min_time=0.5 | tee "$out/checkpoint_bench.txt"
+if command -v valgrind > /dev/null; then
+  echo "== the checkpoint machinery per call, in instructions (callgrind; scripts/machinery_instructions.py)"
+  python3 scripts/machinery_instructions.py --bench "$build/bench/ckcheck_bench_checkpoint" | tee "$out/machinery_instructions.md"
+else
+  echo "== skipped: the machinery in instructions needs valgrind (Debian: apt-get install valgrind)"
+fi
 echo "== against torch.utils.checkpoint (reentrant, non-reentrant, SAC), interleaved, one process"
 "$python" bench/compare_pytorch.py --pymemory "$build/bench/libckcheck_pymemory.so" \
   --layers 4 --hidden 256 --heads 8 --seq 128 --batch 8 --vocab 64 --rounds 10 --warmup 2 | tee "$out/compare_pytorch.md"

@@ -62,7 +62,8 @@ def per_step(bench, name, workdir):
            f"--benchmark_filter=^{name}/8$", "--benchmark_min_time=1"]
     run = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if run.returncode != 0:
-        fail(f"{name}: callgrind exited {run.returncode}: {run.stderr.strip().splitlines()[-1:]}")
+        last = (run.stderr.strip().splitlines() or ["no message"])[-1]
+        fail(f"{name}: callgrind exited {run.returncode}: {last}")
     total = None
     with open(out_file) as f:
         for line in f:

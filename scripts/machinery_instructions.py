@@ -29,9 +29,9 @@ def fail(message):
     sys.exit(2)
 
 
-def steps_and_setup(out_file):
-    """The calls of ONCE_PER_STEP and the inclusive cost of the benchmark's one-time setup."""
-    names, calls, target = {}, 0, None
+def read_counts(out_file):
+    """From one pass over a callgrind file: the total instructions and the calls of ONCE_PER_STEP."""
+    names, calls, target, total = {}, 0, None, None
     with open(out_file) as f:
         for line in f:
             m = re.match(r"(c?fn)=\((\d+)\)(?: (.*))?", line)
@@ -41,18 +41,23 @@ def steps_and_setup(out_file):
                     names[ident] = name.strip()
                 target = ident if kind == "cfn" else None
                 continue
+            if total is None and line.startswith(("summary:", "totals:")):
+                total = int(line.split()[1])
             m = re.match(r"calls=(\d+)", line)
             if m and target is not None and names.get(target, "").startswith(ONCE_PER_STEP):
                 calls += int(m.group(1))
             target = None if m else target
+    return total, calls
+
+
+def setup_cost(out_file):
+    """The inclusive cost of the benchmark's one-time setup."""
     annotated = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out_file],
                                capture_output=True, text=True, check=True).stdout
-    setup = 0
     for line in annotated.splitlines():
         if "Setup::Setup" in line:
-            setup = int(line.split()[0].replace(",", ""))
-            break
-    return calls, setup
+            return int(line.split()[0].replace(",", ""))
+    return 0
 
 
 def per_step(bench, name, workdir):
@@ -64,13 +69,8 @@ def per_step(bench, name, workdir):
     if run.returncode != 0:
         last = (run.stderr.strip().splitlines() or ["no message"])[-1]
         fail(f"{name}: callgrind exited {run.returncode}: {last}")
-    total = None
-    with open(out_file) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                total = int(line.split()[1])
-                break
-    steps, setup = steps_and_setup(out_file)
+    total, steps = read_counts(out_file)
+    setup = setup_cost(out_file)
     if total is None or steps == 0:
         fail(f"{name}: no steps counted in {out_file}")
     return (total - setup) / steps, steps

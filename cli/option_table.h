@@ -19,7 +19,7 @@
 #include <variant>
 #include <vector>
 
-#include "reports/report.h"  // shell_quote
+#include "harness/support/text.h"
 
 namespace ckcheck::cli {
 

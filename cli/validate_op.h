@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/option_table.h"
+#include "reports/report.h"
 
 namespace ckcheck::cli {
 

@@ -233,24 +233,6 @@ void write_reports(const Report& report, const std::vector<ReportTarget>& target
   }
 }
 
-std::string shell_quote(const std::string& arg) {
-  if (arg.empty()) return "''";
-  bool plain = true;
-  for (char c : arg) {
-    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::string("-_./:=,+@%").find(c) != std::string::npos);
-  }
-  if (plain) return arg;
-  std::string out = "'";
-  for (char c : arg) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
 std::string escape_markup(const std::string& s) {
   std::string out;
   for (char c : s) {

@@ -121,9 +121,6 @@ const std::vector<std::string>& report_formats();
 void write_reports(const Report& report, const std::vector<ReportTarget>& targets,
                    std::ostream& stdout_stream, bool color);
 
-/// Shell-quotes one argument when it needs it ('blocks.*' stays one word, and no glob expands).
-std::string shell_quote(const std::string& arg);
-
 /// Escapes text for HTML and XML (& < > " '), dropping the control characters XML 1.0 forbids.
 std::string escape_markup(const std::string& s);
 

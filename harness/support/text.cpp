@@ -130,4 +130,22 @@ std::string text_after(const std::string& text, const std::string& key, const ch
   return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
 }
 
+std::string shell_quote(const std::string& arg) {
+  if (arg.empty()) return "''";
+  bool plain = true;
+  for (char c : arg) {
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::string("-_./:=,+@%").find(c) != std::string::npos);
+  }
+  if (plain) return arg;
+  std::string out = "'";
+  for (char c : arg) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
 }  // namespace ckcheck

@@ -1,5 +1,6 @@
-// Reading numbers from option values: the whole text or nothing, so "4x" or "" is an error for
-// the caller to word, never a silent 4 or 0.
+// Text helpers: numbers read from option values (the whole text or nothing, so "4x" or "" is an
+// error for the caller to word, never a silent 4 or 0), sizes, sites named in messages, and
+// arguments quoted for a shell.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +29,8 @@ std::string text_after(const std::string& text, const std::string& key, const ch
 /// Whether `text` names the module path `site` as a whole: "threw at blocks.1: ..." names blocks.1,
 /// not blocks.10 nor blocks.1.attn.
 bool names_site(const std::string& text, const std::string& site);
+
+/// Shell-quotes one argument when it needs it ('blocks.*' stays one word, and no glob expands).
+std::string shell_quote(const std::string& arg);
 
 }  // namespace ckcheck

@@ -5,6 +5,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <type_traits>
 
 #include "cli/app.h"
@@ -12,6 +13,7 @@
 #include "cli/run.h"
 #include "cli/validate_op.h"
 #include "harness/support/errors.h"
+#include "harness/support/text.h"
 
 namespace ckcheck {
 namespace {
@@ -67,6 +69,34 @@ RC_GTEST_PROP(OptionTable, TheReproduceLineSetsWhatTheCommandLineSet, ()) {
   RC_ASSERT(again.config.accumulate == o.config.accumulate);
   RC_ASSERT(again.no_preserve_rng == o.no_preserve_rng);
   RC_ASSERT(again.checks == o.checks);
+}
+
+// What /bin/sh makes of a quoted argument, as "COUNT:FIRST": the number of words it became and
+// the first (the reproduce line is pasted into a shell).
+std::string through_shell(const std::string& quoted) {
+  const std::string command = "set -- " + quoted + "; printf %s \"$#:$1\"";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return "(popen failed)";
+  std::string out;
+  char buffer[256];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
+
+RC_GTEST_PROP(ShellQuote, AShellGivesBackEveryArgumentAsOneWord, ()) {
+  // Any text a shell can carry (no NUL), with the characters that need quoting made likely.
+  const auto arg = *rc::gen::container<std::string>(
+      rc::gen::oneOf(rc::gen::elementOf(std::string("'\"\\ *?$`;&|<>(){}[]!#~\t\n-_./:=,+@%aZ9")),
+                     rc::gen::inRange<char>(1, 127)));
+  RC_ASSERT(through_shell(shell_quote(arg)) == "1:" + arg);
+}
+
+TEST(ShellQuote, PlainWordsStayBare) {
+  EXPECT_EQ(shell_quote("blocks.0"), "blocks.0");
+  EXPECT_EQ(shell_quote("rtol=1e-4,atol=1e-6"), "rtol=1e-4,atol=1e-6");
+  EXPECT_EQ(shell_quote(""), "''");
 }
 
 TEST(OptionTable, DefaultsGiveOnlyTheRowsAlwaysShown) {

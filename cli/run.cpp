@@ -243,49 +243,6 @@ std::unique_ptr<Collective> join(const RankEnvironment& env, const RunOptions& o
                                         o.timeout ? o.timeout : kRankTimeout));
 }
 
-// What every rank saw, gathered on rank 0 through the store before the checks run.
-// `identity` says what this rank runs (model, parameters, checkpoint, plan): a rank started with
-// another command than rank 0's (torchrun nodes given other options) is refused in one line.
-void gather_ranks(Collective* collective, RunRecords& records, const std::string& identity) {
-  if (!collective) return;
-  RunRecords::Rank mine;
-  mine.rank = collective->rank();
-  // The generators after the step's first random draws: ranks seeded alike, or a model that seeds
-  // them itself, draw the same masks and end in the same state.
-  mine.rng_start = records.checkpointed.rng_start;
-  mine.error = records.checkpointed.error;
-  for (const auto& c : records.checkpointed.calls) {
-    if (c.rng_consumed && !mine.draws) {
-      mine.rng_start = c.rng_print;
-      mine.first_draw = c.site;
-    }
-    mine.draws = mine.draws || c.rng_consumed;
-    bool differs = false;
-    for (const auto& d : c.output_diffs) differs = differs || !d.equal;
-    if (c.rng_consumed && differs) mine.replayed = false;
-  }
-  auto to_json = [&identity](const RunRecords::Rank& k) {
-    return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},
-                          {"replayed", k.replayed}, {"error", k.error}, {"first_draw", k.first_draw},
-                          {"identity", identity}}.dump();
-  };
-  if (mine.rank != 0) {
-    collective->set(fmt::format("ckcheck/rank/{}", mine.rank), to_json(mine));
-    return;
-  }
-  records.ranks.push_back(mine);
-  for (int r = 1; r < collective->world_size(); ++r) {
-    const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}", r)));
-    if (j.at("identity").get<std::string>() != identity) {
-      throw UsageError(fmt::format("rank {} runs {}, but rank 0 runs {}; start every rank with the same command",
-                                   r, j.at("identity").get<std::string>(), identity));
-    }
-    records.ranks.push_back({j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
-                             j.at("replayed").get<bool>(), j.at("error").get<std::string>(),
-                             j.at("first_draw").get<std::string>()});
-  }
-}
-
 }  // namespace
 
 nlohmann::json run_report_config(const RunOptions& o, const Plan& plan, const RunConfig& config, const Tolerance& tolerance,

@@ -39,6 +39,14 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
                                                int master_port, bool host_store, const torch::Device& device,
                                                int timeout_seconds);
 
+struct RunRecords;
+
+/// What every rank saw, gathered on rank 0 (into `records.ranks`) through the group's store before
+/// the checks run; other ranks only hand theirs over. `identity` says what this rank runs (model,
+/// parameters, checkpoint, plan): a rank started with another command than rank 0's (torchrun
+/// nodes given other options) is refused in one line (UsageError). Nothing to do without a group.
+void gather_ranks(Collective* collective, RunRecords& records, const std::string& identity);
+
 /// A model trained data-parallel by an engine of its own -- a Python model under PyTorch's
 /// DistributedDataParallel: the engine reduces the gradients; the runner still shards the batch,
 /// seeds each rank, and says which steps run through the engine (the single-process reference

@@ -1,6 +1,7 @@
 // The process groups behind Collective: c10d's own Gloo (CPU) and NCCL (CUDA), with a TCPStore
 // hosted by rank 0.
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
 #include <arpa/inet.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 
 #include "harness/runner/data_parallel.h"
+#include "harness/runner/runner.h"
 #include "harness/support/errors.h"
 
 #if defined(USE_C10D_GLOO) && !defined(CKCHECK_NO_GLOO)
@@ -139,6 +141,46 @@ std::unique_ptr<Collective> join_process_group(int rank, int world_size, const s
       rank, world_size, "gloo", store, [pg](std::vector<torch::Tensor>& t) { pg->allreduce(t)->wait(); },
       [pg] { pg->barrier()->wait(); });
 #endif
+}
+
+void gather_ranks(Collective* collective, RunRecords& records, const std::string& identity) {
+  if (!collective) return;
+  RunRecords::Rank mine;
+  mine.rank = collective->rank();
+  // The generators after the step's first random draws: ranks seeded alike, or a model that seeds
+  // them itself, draw the same masks and end in the same state.
+  mine.rng_start = records.checkpointed.rng_start;
+  mine.error = records.checkpointed.error;
+  for (const auto& c : records.checkpointed.calls) {
+    if (c.rng_consumed && !mine.draws) {
+      mine.rng_start = c.rng_print;
+      mine.first_draw = c.site;
+    }
+    mine.draws = mine.draws || c.rng_consumed;
+    bool differs = false;
+    for (const auto& d : c.output_diffs) differs = differs || !d.equal;
+    if (c.rng_consumed && differs) mine.replayed = false;
+  }
+  auto to_json = [&identity](const RunRecords::Rank& k) {
+    return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},
+                          {"replayed", k.replayed}, {"error", k.error}, {"first_draw", k.first_draw},
+                          {"identity", identity}}.dump();
+  };
+  if (mine.rank != 0) {
+    collective->set(fmt::format("ckcheck/rank/{}", mine.rank), to_json(mine));
+    return;
+  }
+  records.ranks.push_back(mine);
+  for (int r = 1; r < collective->world_size(); ++r) {
+    const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}", r)));
+    if (j.at("identity").get<std::string>() != identity) {
+      throw UsageError(fmt::format("rank {} runs {}, but rank 0 runs {}; start every rank with the same command",
+                                   r, j.at("identity").get<std::string>(), identity));
+    }
+    records.ranks.push_back({j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
+                             j.at("replayed").get<bool>(), j.at("error").get<std::string>(),
+                             j.at("first_draw").get<std::string>()});
+  }
 }
 
 }  // namespace ckcheck

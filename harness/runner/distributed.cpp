@@ -1,5 +1,5 @@
 // The process groups behind Collective: c10d's own Gloo (CPU) and NCCL (CUDA), with a TCPStore
-// hosted by rank 0.
+// hosted by rank 0; and what the ranks saw, gathered on rank 0 through that store.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>

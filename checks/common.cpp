@@ -1,5 +1,7 @@
 #include "checks/common.h"
 
+#include <algorithm>
+
 #include "checks/evidence.h"
 #include "harness/support/text.h"
 
@@ -60,6 +62,11 @@ nlohmann::json diff_json(const TensorDiff& d) {
           {"nonfinite_checkpointed", d.nonfinite_checkpointed},
           {"missing", d.missing},
           {"note", d.note}};
+}
+
+bool checkpointed_step_unchanged(const CheckContext& ctx) {
+  if (!ctx.records.checkpointed.error.empty() || ctx.diffs.empty()) return false;
+  return std::all_of(ctx.diffs.begin(), ctx.diffs.end(), [](const TensorDiff& d) { return d.equal; });
 }
 
 CheckResult reference_failed(const std::string& id, const CheckContext& ctx) {

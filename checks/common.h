@@ -37,6 +37,11 @@ CheckResult errored(const std::string& id, std::string summary);
 /// comparison and the compiled graphs stand for them). Nothing when the model ran eagerly.
 std::optional<CheckResult> skipped_when_compiled(const std::string& id, const CheckContext& ctx);
 
+/// Whether the checkpointed step ran and every tensor it recorded (loss, outputs, gradients, state)
+/// equals the plain step's within the tolerance: a hazard seen in the recompute then changed
+/// nothing in this step, and warns instead of failing. False when nothing was compared.
+bool checkpointed_step_unchanged(const CheckContext& ctx);
+
 /// A CheckResult for when the reference step itself failed: nothing can be compared.
 CheckResult reference_failed(const std::string& id, const CheckContext& ctx);
 

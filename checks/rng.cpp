@@ -26,8 +26,7 @@ class RngCheck : public Check {
     CheckResult r;
     r.id = id();
     const auto& c = *ctx.records.compiled;
-    bool differs = !ctx.records.checkpointed.error.empty();
-    for (const auto& d : ctx.diffs) differs = differs || !d.equal;
+    const bool differs = !checkpointed_step_unchanged(ctx);
     for (const auto& op : c.recomputed_random) {
       Finding f;
       f.cause = Cause::kRng;

@@ -1028,14 +1028,17 @@ class ProbeSiteRunner : public UnitSiteRunner {
     const ModelState s0 = model_.snapshot();
     const RngState r0 = RngState::capture();
     try {
+      // The state the checks compare (buffers, attributes, training flags, extra state), by name:
+      // what the first call changed is what a stateful finding names.
+      std::map<std::string, Tensor> before;
+      for (const auto& [name, t] : model_.state_tensors()) before.emplace(name, copy_of(t));
       auto a = once(fn, inputs, &p.random_ops, &p.private_generator);
       p.rng_consumed = RngState::capture() != r0;
-      const ModelState sa = model_.snapshot();
-      for (size_t i = 0; i < s0.tensors.size() && i < sa.tensors.size(); ++i) {
-        // Undefined is state too (an attribute that is None) and equals only itself.
-        if (!compare_tensors(s0.tensors[i].second, sa.tensors[i].second, Tolerance()).equal) {
-          p.changed_state.push_back(s0.tensors[i].first);
-        }
+      for (const auto& [name, t] : model_.state_tensors()) {
+        const auto it = before.find(name);
+        // Undefined is state too (an attribute that is None) and equals only itself; state the
+        // call added is changed state.
+        if (it == before.end() || !compare_tensors(it->second, t, Tolerance()).equal) p.changed_state.push_back(name);
       }
       r0.restore();
       auto b = once(fn, inputs, nullptr, nullptr);

@@ -132,6 +132,22 @@ TEST(ChecksOnRecords, ASiteThatRepeatsOnlyFromARestartFailsAsStateful) {
   EXPECT_EQ(r.findings[0].tensor, "blocks.0.calls");
 }
 
+// A recompute that differed where the step shows nothing of it (a member the unit sets and reads
+// again, added past every saved tensor) warns; the same unit with a gradient off fails.
+TEST(ChecksOnRecords, AStatefulSiteWarnsWhenTheStepIsUnchangedAndFailsWhenItIsNot) {
+  for (bool step_differs : {false, true}) {
+    HandBuiltRecords h;
+    h.same("blocks.0.fc1.weight", "param-grad", values());
+    if (step_differs) h.differ("blocks.0.fc1.bias", "param-grad", values(), values(0.5));
+    h.same("@blocks.0.prev", state_kind::kExtra, values());
+    auto& p = h.probe("blocks.0");
+    p.repeat_equal = false;
+    const auto r = h.run(*make_check("determinism"));
+    EXPECT_EQ(r.status, step_differs ? Status::kFail : Status::kWarn) << r;
+    ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kStateful}) << r;
+  }
+}
+
 TEST(ChecksOnRecords, SitesThatRepeatPassDeterminism) {
   HandBuiltRecords h;
   h.probe("blocks.0");

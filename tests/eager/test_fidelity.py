@@ -244,6 +244,25 @@ def test_the_state_of_a_shared_module_is_watched_under_every_path(ckcheck, facto
         assert all("offset.shift (shared by 3 sites)" in f["message"] for f in found), found
 
 
+# ---- a recompute that computes something else without changing the step -------------------------
+@pytest.mark.parametrize("factory,differ", [("keeps_last_input_added", False), ("keeps_last_input_multiplied", True)])
+def test_pytorch_alone_a_kept_member_changes_checkpointed_gradients_only_where_saved(factory, differ):
+    model, x = getattr(_load("fidelity"), factory)()
+    plain, checkpointed = _plain_and_checkpointed_grads(model, x)
+    assert any(not torch.equal(plain[n], checkpointed[n]) for n in plain) == differ
+
+
+@pytest.mark.parametrize("factory,expect", [("keeps_last_input_added", 0), ("keeps_last_input_multiplied", 1)])
+def test_a_stateful_recompute_fails_only_where_the_step_shows_it(ckcheck, factory, expect):
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", "torch")
+    assert r.code == expect, r.out + r.err
+    det = r.check("determinism")
+    assert det["status"] == ("fail" if expect else "warn"), r.out
+    assert {(f["site"], f["cause"], f["tensor"]) for f in det["findings"]} == {
+        ("blocks.0", "stateful", "blocks.0.last"), ("blocks.1", "stateful", "blocks.1.last")}, det
+    assert r.check("gradients")["status"] == ("fail" if expect else "pass"), r.out
+
+
 # ---- output structure ------------------------------------------------------------------------
 @needs_transformers
 def test_pytorch_alone_gpt2_returns_no_cache_while_its_checkpointing_trains():

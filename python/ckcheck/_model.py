@@ -13,6 +13,7 @@ gradient_checkpointing_enable()/gradient_checkpointing_disable()).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -871,11 +872,14 @@ class ModelAdapter:
         return self.module(*a, **k)
 
     def _block_sites(self, called):
-        """The model's blocks: the children of each outermost ModuleList or Sequential whose
-        children with parameters are at least two, all of one class or of subclasses of one
-        (transformer layers, ResNet blocks, ViT blocks; not a stem of a convolution and a norm)."""
+        """The model's blocks: in each outermost ModuleList or Sequential, the children with
+        parameters when they are at least two, all of one class or of subclasses of one
+        (transformer layers, ResNet blocks, ViT blocks; not a stem of a convolution and a norm), else
+        those of the one class most of them share (MobileNet's inverted residuals between its stem
+        and last convolution). A child without parameters (an activation, a dropout, a pooling) is
+        no block: checkpointing it alone saves nothing, and an in-place one breaks the checkpoint."""
         called_set = set(called)
-        chosen = []
+        chosen, blocks = [], set()
         for path, m in self.module.named_modules():
             if not isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
                 continue
@@ -883,11 +887,18 @@ class ModelAdapter:
                 continue
             kids = [(f"{path}.{n}" if path else n, c) for n, c in m.named_children()]
             with_params = [(p, c) for p, c in kids if any(True for _ in c.parameters()) and p in called_set]
-            if len(with_params) >= 2 and _share_a_class([c for _, c in with_params]):
-                chosen.append(path)
-        blocks = [p for p in called if any(p.rpartition(".")[0] == c or (c == "" and "." not in p) for c in chosen)]
+            if len(with_params) < 2:
+                continue
+            if not _share_a_class([c for _, c in with_params]):
+                by_class = collections.Counter(type(c) for _, c in with_params)
+                common, count = by_class.most_common(1)[0]
+                if count < 2 or 2 * count <= len(with_params):
+                    continue
+                with_params = [(p, c) for p, c in with_params if type(c) is common]
+            chosen.append(path)
+            blocks.update(p for p, _ in with_params)
         if blocks:
-            return blocks
+            return [p for p in called if p in blocks]
         return [p for p in called if "." not in p]  # the root's children
 
     def _own_sites(self, called):

@@ -126,6 +126,14 @@ def test_a_layer_that_checkpoints_its_own_forward_is_the_unit_and_jitter_inside_
     assert r.check("input-mutation")["status"] == "pass"
 
 
+def test_the_blocks_are_the_children_with_parameters_most_of_a_sequential_share(ckcheck):
+    # the stem and the last layer are not of the blocks' class; the head's in-place activation and
+    # dropout are no blocks (checkpointed alone, the activation changes the checkpoint's input)
+    r = ckcheck("run", "--model", fixture("fidelity.py:stem_blocks_and_head"), "--checkpoint", "torch")
+    assert r.code == 0, r.out + r.err
+    assert r.report["model"]["units"] == ["features.1", "features.2", "features.3", "classifier.0", "classifier.3"]
+
+
 def test_a_checkpoint_over_a_closure_of_two_modules_has_their_parent_as_unit(ckcheck):
     r = ckcheck("run", "--model", fixture("fidelity.py:closure_over_two_modules"), "--checkpoint", "model")
     assert r.code == 0, r.out + r.err

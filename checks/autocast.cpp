@@ -196,7 +196,7 @@ class AutocastCheck : public Check {
       r.status = Status::kWarn;
       r.summary = fmt::format("checkpointing moves gradients further from fp32 than plain AMP; {}", text);
     } else {
-      r.summary = fmt::format("forward and recompute ran the same ops in the same dtypes under {}; {}",
+      r.summary = fmt::format("every recomputed op ran under its forward's autocast state and in its dtype ({}); {}",
                               amp_name(ctx.config.amp), text);
     }
     return r;

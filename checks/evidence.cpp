@@ -27,13 +27,15 @@ std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
   const size_t n = std::min(c.forward_dtypes.size(), c.recompute_dtypes.size());
   auto at = [](const std::vector<std::string>& v, size_t i) { return i < v.size() ? v[i] : std::string(); };
   for (size_t i = 0; i < n; ++i) {
-    if (c.forward_ops[i] != c.recompute_ops[i]) return i;
     if (at(c.forward_autocast, i) != at(c.recompute_autocast, i)) return i;
+    // Another op under the same autocast state is another path (a cache the forward filled, a
+    // branch on state, autocast's cast cache hit in one run only), not another precision: past it
+    // the two runs no longer line up, and the other checks judge the path.
+    if (c.forward_ops[i] != c.recompute_ops[i]) return std::nullopt;
     // An op that threw has no output dtype ("-"): that alone is not a dtype change.
     const bool threw = c.recompute_failed && i + 1 == c.recompute_dtypes.size();
     if (!threw && c.forward_dtypes[i] != c.recompute_dtypes[i]) return i;
   }
-  if (c.forward_dtypes.size() != c.recompute_dtypes.size() && !c.recompute_failed) return n;
   return std::nullopt;
 }
 

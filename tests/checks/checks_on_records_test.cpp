@@ -208,6 +208,26 @@ TEST(ChecksOnRecords, AnOpRecomputedInAnotherDtypeFailsAsAutocast) {
   }
 }
 
+// The recompute takes another op under the same autocast state (a cache the forward filled: an
+// empty tensor then, a cat now): another path, which the other checks judge, not a precision
+// change; the same divergence where the recompute also lost autocast fails.
+TEST(ChecksOnRecords, AnotherOpUnderTheSameAutocastStateIsNoAutocastFinding) {
+  for (bool lost : {false, true}) {
+    HandBuiltRecords h;
+    h.config.amp = Amp::kBf16;
+    auto& c = h.call("blocks.0");
+    c.forward_ops = {"aten::linear", "aten::empty", "aten::matmul"};
+    c.recompute_ops = {"aten::linear", "aten::cat", "aten::matmul", "aten::softmax"};
+    c.forward_dtypes = {"BFloat16", "Float", "BFloat16"};
+    c.recompute_dtypes = {"BFloat16", "Float", "BFloat16", "Float"};
+    c.forward_autocast = {"cpu:BFloat16", "cpu:BFloat16", "cpu:BFloat16"};
+    c.recompute_autocast = std::vector<std::string>(4, "cpu:BFloat16");
+    if (lost) c.recompute_autocast[1] = "off";
+    const auto r = h.run(*make_check("autocast"));
+    EXPECT_EQ(r.status, lost ? Status::kFail : Status::kPass) << r;
+  }
+}
+
 TEST(ChecksOnRecords, AutocastSkipsWithoutAmp) {
   HandBuiltRecords h;
   EXPECT_EQ(h.run(*make_check("autocast")).status, Status::kSkip);

@@ -892,7 +892,9 @@ class ModelAdapter:
             if not _share_a_class([c for _, c in with_params]):
                 by_class = collections.Counter(type(c) for _, c in with_params)
                 common, count = by_class.most_common(1)[0]
-                if count < 2 or 2 * count <= len(with_params):
+                # Containers as the common class (Swin's stages between its patch merges) hold
+                # the blocks: the scan goes on into them.
+                if count < 2 or 2 * count <= len(with_params) or issubclass(common, (torch.nn.ModuleList, torch.nn.Sequential)):
                     continue
                 with_params = [(p, c) for p, c in with_params if type(c) is common]
             chosen.append(path)

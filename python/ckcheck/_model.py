@@ -872,7 +872,7 @@ class ModelAdapter:
         return self.module(*a, **k)
 
     def _block_sites(self, called):
-        """The model's blocks: in each outermost ModuleList or Sequential, the children with
+        """The model's blocks: in each outermost ModuleList, Sequential or ModuleDict, the children with
         parameters when they are at least two, all of one class or of subclasses of one
         (transformer layers, ResNet blocks, ViT blocks; not a stem of a convolution and a norm), else
         those of the one class most of them share (MobileNet's inverted residuals between its stem
@@ -881,7 +881,7 @@ class ModelAdapter:
         called_set = set(called)
         chosen, blocks = [], set()
         for path, m in self.module.named_modules():
-            if not isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            if not isinstance(m, _LAYER_CONTAINERS):
                 continue
             if any(path == c or path.startswith(c + ".") for c in chosen):
                 continue
@@ -894,7 +894,7 @@ class ModelAdapter:
                 common, count = by_class.most_common(1)[0]
                 # Containers as the common class (Swin's stages between its patch merges) hold
                 # the blocks: the scan goes on into them.
-                if count < 2 or 2 * count <= len(with_params) or issubclass(common, (torch.nn.ModuleList, torch.nn.Sequential)):
+                if count < 2 or 2 * count <= len(with_params) or issubclass(common, _LAYER_CONTAINERS):
                     continue
                 with_params = [(p, c) for p, c in with_params if type(c) is common]
             chosen.append(path)
@@ -1197,6 +1197,10 @@ def _set_host_generators(states):
     random.setstate(python_state)
     if numpy_state is not None:
         sys.modules["numpy"].random.set_state(numpy_state)
+
+
+# What holds a model's layers: a list, a sequence, or layers by name.
+_LAYER_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)
 
 
 def _share_a_class(modules):

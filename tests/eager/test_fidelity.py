@@ -132,6 +132,9 @@ def test_the_blocks_are_the_children_with_parameters_most_of_a_sequential_share(
     r = ckcheck("run", "--model", fixture("fidelity.py:stem_blocks_and_head"), "--checkpoint", "torch")
     assert r.code == 0, r.out + r.err
     assert r.report["model"]["units"] == ["features.1", "features.2", "features.3", "classifier.0", "classifier.3"]
+    named = ckcheck("run", "--model", fixture("fidelity.py:named_blocks"), "--checkpoint", "torch")
+    assert named.code == 0, named.out + named.err
+    assert named.report["model"]["units"] == ["blocks.block0", "blocks.block1", "blocks.block2"]
 
 
 def test_a_checkpoint_over_a_closure_of_two_modules_has_their_parent_as_unit(ckcheck):

@@ -21,6 +21,18 @@ Cause dtype_cause(const CheckContext& ctx) {
                                                                                                   : Cause::kAutocast;
 }
 
+namespace {
+
+// The ops through which a dtype changes: casts by hand (.to, .float(), type_as) and autocast's own.
+bool is_cast_op(const std::string& op) {
+  static constexpr const char* kCasts[] = {"aten::to", "aten::_to_copy", "aten::type_as",
+                                           "aten::_autocast_to_reduced_precision",
+                                           "aten::_autocast_to_full_precision"};
+  return std::any_of(std::begin(kCasts), std::end(kCasts), [&](const char* c) { return op == c; });
+}
+
+}  // namespace
+
 std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
   if (c.forward_dtypes.empty() && c.recompute_dtypes.empty()) return std::nullopt;
   if (!c.recomputed) return std::nullopt;
@@ -28,10 +40,13 @@ std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
   auto at = [](const std::vector<std::string>& v, size_t i) { return i < v.size() ? v[i] : std::string(); };
   for (size_t i = 0; i < n; ++i) {
     if (at(c.forward_autocast, i) != at(c.recompute_autocast, i)) return i;
-    // Another op under the same autocast state is another path (a cache the forward filled, a
-    // branch on state, autocast's cast cache hit in one run only), not another precision: past it
-    // the two runs no longer line up, and the other checks judge the path.
-    if (c.forward_ops[i] != c.recompute_ops[i]) return std::nullopt;
+    if (c.forward_ops[i] != c.recompute_ops[i]) {
+      // A cast in one run and not the other is another precision (a recompute that upcasts); any
+      // other op under the same autocast state is another path (a cache the forward filled, a
+      // branch on state), past which the runs no longer line up: the other checks judge it.
+      if (is_cast_op(c.forward_ops[i]) || is_cast_op(c.recompute_ops[i])) return i;
+      return std::nullopt;
+    }
     // An op that threw has no output dtype ("-"): that alone is not a dtype change.
     const bool threw = c.recompute_failed && i + 1 == c.recompute_dtypes.size();
     if (!threw && c.forward_dtypes[i] != c.recompute_dtypes[i]) return i;

@@ -29,9 +29,10 @@ const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site);
 /// casts the parameters (FSDP2's mixed precision) and AMP is off, else autocast.
 Cause dtype_cause(const CheckContext& ctx);
 
-/// The first op of a recomputed call that ran under another autocast state or, the same op, in
-/// another dtype than in its forward. Nothing when the two runs agree up to where one of them ends
-/// or takes another op under the same autocast state (another path, not another precision).
+/// The first op of a recomputed call that ran under another autocast state, in another dtype, or
+/// as a cast the other run lacks, than in its forward. Nothing when the two runs agree up to where
+/// one of them ends or takes another op, not a cast, under the same autocast state (another path,
+/// not another precision).
 std::optional<size_t> first_dtype_difference(const CallEvidence& call);
 
 /// True when a call's recompute did not reproduce its forward outputs bitwise.

@@ -210,21 +210,24 @@ TEST(ChecksOnRecords, AnOpRecomputedInAnotherDtypeFailsAsAutocast) {
 
 // The recompute takes another op under the same autocast state (a cache the forward filled: an
 // empty tensor then, a cat now): another path, which the other checks judge, not a precision
-// change; the same divergence where the recompute also lost autocast fails.
-TEST(ChecksOnRecords, AnotherOpUnderTheSameAutocastStateIsNoAutocastFinding) {
-  for (bool lost : {false, true}) {
+// change. The same divergence fails where the recompute also lost autocast, or where the other op
+// is a cast (a recompute that upcasts by hand).
+TEST(ChecksOnRecords, AnotherOpUnderTheSameAutocastStateIsNoAutocastFindingUnlessACast) {
+  enum Variant { kPath, kAutocastLost, kCast };
+  for (Variant v : {kPath, kAutocastLost, kCast}) {
     HandBuiltRecords h;
     h.config.amp = Amp::kBf16;
     auto& c = h.call("blocks.0");
     c.forward_ops = {"aten::linear", "aten::empty", "aten::matmul"};
-    c.recompute_ops = {"aten::linear", "aten::cat", "aten::matmul", "aten::softmax"};
+    c.recompute_ops = {"aten::linear", v == kCast ? "aten::to" : "aten::cat", "aten::matmul", "aten::softmax"};
     c.forward_dtypes = {"BFloat16", "Float", "BFloat16"};
     c.recompute_dtypes = {"BFloat16", "Float", "BFloat16", "Float"};
     c.forward_autocast = {"cpu:BFloat16", "cpu:BFloat16", "cpu:BFloat16"};
     c.recompute_autocast = std::vector<std::string>(4, "cpu:BFloat16");
-    if (lost) c.recompute_autocast[1] = "off";
+    if (v == kAutocastLost) c.recompute_autocast[1] = "off";
     const auto r = h.run(*make_check("autocast"));
-    EXPECT_EQ(r.status, lost ? Status::kFail : Status::kPass) << r;
+    EXPECT_EQ(r.status, v == kPath ? Status::kPass : Status::kFail) << r;
+    if (v != kPath) EXPECT_EQ(r.findings.at(0).details.at("op_index"), 1) << r;
   }
 }
 

@@ -41,11 +41,12 @@ Finding stateful_finding(const UnitProbe& p) {
   f.cause = Cause::kStateful;
   std::vector<std::string> named;
   for (const auto& s : p.changed_state) named.push_back(state_display_name(s));
+  named.insert(named.end(), p.host_generators.begin(), p.host_generators.end());
   f.tensor = named.empty() ? "" : named.front();
   f.details = {{"changed_state", named}};
   f.message = named.empty()
-                  ? "the site changes state kept outside the model (a global, a closure's cache, Python's "
-                    "or NumPy's random generator), so a second call computes something else"
+                  ? "the site changes state kept outside the model (a global, a closure's cache, a generator "
+                    "of its own), so a second call computes something else"
                   : fmt::format("the site changes its own state ({}) on every call, so the "
                                 "recompute computes something else than the forward",
                                 fmt::join(named, ", "));
@@ -74,6 +75,7 @@ class DeterminismCheck : public Check {
     }
     bool failed = false;
     size_t probed = 0;
+    size_t host_drawn = 0;  // units left to the rng check: they draw from Python's or NumPy's generators
     std::string probe_error;  // a probe that could not run is no evidence of non-determinism
     for (const auto& p : *ctx.records.probes) {
       ++probed;
@@ -84,6 +86,12 @@ class DeterminismCheck : public Check {
       if (p.repeat_equal) continue;
       // Private generators are the rng check's to report: the repeat draws other numbers.
       if (p.private_generator) continue;
+      // So are Python's and NumPy's generators, when they alone explain the repeat.
+      if (!host_generator_draws(&p).empty()) {
+        --probed;
+        ++host_drawn;
+        continue;
+      }
       if (!p.restart_equal) {
         bool within = false;
         add_finding(r, non_deterministic_finding(ctx, p, within));
@@ -102,7 +110,7 @@ class DeterminismCheck : public Check {
       return skipped(id(), "the probe could not run the checkpointed units again (" + probe_error + ")");
     }
     const size_t reproduced = ctx.records.reproduced_units.size();
-    if (probed == 0 && reproduced == 0 && !ctx.plan.units.empty()) {
+    if (probed == 0 && reproduced == 0 && host_drawn == 0 && !ctx.plan.units.empty()) {
       // Units the probe cannot call on their own (closures a model hands to its own checkpoint)
       // are not evidence of determinism.
       return skipped(id(), fmt::format("the probe could not run any of the {} again on its own",
@@ -114,7 +122,12 @@ class DeterminismCheck : public Check {
       const std::string again = count_of(reproduced, "checkpointed unit") +
                                 (reproduced == 1 ? " reproduces its forward" : " reproduce their forwards") +
                                 " bitwise in the recompute";
-      if (probed == 0 && reproduced == 0) {
+      if (host_drawn > 0) {
+        r.summary = fmt::format("{} from Python's or NumPy's generators (the rng check's to report)",
+                                count_of(host_drawn, "checkpointed unit") + (host_drawn == 1 ? " draws" : " draw"));
+        if (probed > 0) r.summary += fmt::format("; {} probed repeat identically", count_of(probed, "other unit"));
+        if (reproduced > 0) r.summary += "; " + again;
+      } else if (probed == 0 && reproduced == 0) {
         r.summary = "nothing is checkpointed";
       } else if (reproduced == 0) {
         r.summary = fmt::format("{} repeat identically", count_of(probed, "checkpointed unit"));

@@ -16,6 +16,24 @@ const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site) {
   return nullptr;
 }
 
+std::string host_generator_draws(const UnitProbe* probe) {
+  if (probe == nullptr || probe->host_generators.empty() || probe->repeat_equal || !probe->restart_equal ||
+      !probe->changed_state.empty() || probe->private_generator) {
+    return "";
+  }
+  std::vector<std::string> words;
+  for (const auto& g : probe->host_generators) {
+    words.push_back(g == "numpy.random" ? "NumPy's global generator (numpy.random)"
+                    : g == "random"     ? "Python's random module"
+                                        : g);
+  }
+  return fmt::format("{}", fmt::join(words, " and "));
+}
+
+const char* const kHostGeneratorHint =
+    "draw the random numbers with torch (torch.rand, torch.randn, torch.bernoulli: the checkpoint replays "
+    "torch's RNG state), or draw them outside the checkpointed segment and pass them in";
+
 Cause dtype_cause(const CheckContext& ctx) {
   return ctx.config.amp == Amp::kOff && engine_mixed_precision(ctx.config.data_parallel) != "off" ? Cause::kRecomputeDtype
                                                                                                   : Cause::kAutocast;
@@ -158,6 +176,12 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
         found = SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
       } else if (first_dtype_difference(c)) {
         found = SiteExplanation{site, dtype_cause(ctx), "the recompute runs its ops in other dtypes than the forward"};
+      } else if (const auto host = host_generator_draws(probe); !host.empty()) {
+        found = SiteExplanation{site, Cause::kRng,
+                                fmt::format("the site draws from {}, which no checkpoint replays, so the recompute "
+                                            "drew other numbers",
+                                            host),
+                                kHostGeneratorHint};
       } else if (probe && !probe->repeat_equal && probe->restart_equal) {
         found = SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
       } else if (probe && !probe->restart_equal) {

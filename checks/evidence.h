@@ -24,7 +24,14 @@ extern const char* const kCompiledRngHint;
 /// The probe of a unit, if the probe ran.
 const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site);
 
-/// The first index at which the forward's and the recompute's op dtypes differ, if they do.
+/// The generators outside torch the unit drew from, when they alone explain why its second call
+/// computes something else (it repeats from a restart that puts them back, and changed no state
+/// of the model): in words ("NumPy's global generator (numpy.random)"), "" otherwise.
+std::string host_generator_draws(const UnitProbe* probe);
+
+/// The fix for a unit that draws from Python's or NumPy's generators.
+extern const char* const kHostGeneratorHint;
+
 /// The cause of a recompute in other dtypes than its forward: recompute-dtype where the engine
 /// casts the parameters (FSDP2's mixed precision) and AMP is off, else autocast.
 Cause dtype_cause(const CheckContext& ctx);

@@ -2,6 +2,8 @@
 // forward's outputs: the RNG state was not replayed, or the site draws from a private generator.
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "checks/common.h"
 #include "checks/evidence.h"
 
@@ -62,7 +64,9 @@ class RngCheck : public Check {
     for (const auto& unit : ctx.plan.units) {
       const auto site = Plan::unit_label(unit);
       const UnitProbe* probe = probe_for(ctx, site);
-      bool consumed = probe && (probe->rng_consumed || !probe->random_ops.empty());
+      // Python's or NumPy's generators: their draws are no checkpoint's to replay.
+      const std::string host = host_generator_draws(probe);
+      bool consumed = probe && (probe->rng_consumed || !probe->random_ops.empty() || !host.empty());
       bool differs = false, replayed = true;
       for (const auto& c : ctx.records.checkpointed.calls) {
         if (c.site != site) continue;
@@ -76,7 +80,7 @@ class RngCheck : public Check {
       const bool asked_off = !ctx.config.checkpoint.preserve_rng_state;
       // Selective checkpointing may hand back the forward's outputs: then the generator tells.
       const bool drew_again = !differs && private_generator_drew_again(ctx, site);
-      if (!(differs || drew_again) || !(private_gen || asked_off || !replayed)) continue;
+      if (!(differs || drew_again) || !(private_gen || asked_off || !replayed || !host.empty())) continue;
       Finding f;
       f.cause = Cause::kRng;
       f.site = site;
@@ -86,7 +90,14 @@ class RngCheck : public Check {
       f.details = {{"random_ops", probe ? probe->random_ops : std::vector<std::string>{}},
                    {"private_generator", private_gen},
                    {"rng_state_preserved", ctx.config.checkpoint.preserve_rng_state && replayed}};
-      if (private_gen) {
+      if (!host.empty() && !private_gen) {
+        f.tensor = probe->host_generators.front();
+        f.details["host_generators"] = probe->host_generators;
+        f.message = fmt::format("the site draws from {}, which no checkpoint saves or replays, so its recompute "
+                                "draws other numbers than the forward",
+                                host);
+        f.hint = kHostGeneratorHint;
+      } else if (private_gen) {
         f.message = drew_again
                         ? "the site draws random numbers from its own generator, which no checkpoint saves or "
                           "restores: its recompute drew again (the generator ends the step elsewhere than the plain "
@@ -113,6 +124,14 @@ class RngCheck : public Check {
       r.status = Status::kFail;
       r.summary = fmt::format("{} recompute with other random numbers than the forward",
                               count_of(r.findings.size(), "site"));
+      // Draws from Python's or NumPy's generators in the recompute reach nothing when every compared
+      // tensor still equals (as for determinism's findings).
+      const bool host_only = std::all_of(r.findings.begin(), r.findings.end(),
+                                         [](const Finding& f) { return f.details.contains("host_generators"); });
+      if (host_only && checkpointed_step_unchanged(ctx)) {
+        r.status = Status::kWarn;
+        r.summary += "; the checkpointed step still equals the plain one";
+      }
     } else if (random_sites == 0) {
       r.summary = "no checkpointed site draws random numbers";
     } else {

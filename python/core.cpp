@@ -295,6 +295,11 @@ class PythonModel : public Model, public ParallelEngine {
     return adapter_.attr("last_structure").cast<std::string>();
   }
 
+  std::vector<std::pair<std::string, std::string>> host_generators() const override {
+    IntoPython gil;
+    return adapter_.attr("host_generators")().cast<std::vector<std::pair<std::string, std::string>>>();
+  }
+
   std::vector<std::string> eval_modules() const override {
     IntoPython gil;
     return adapter_.attr("eval_modules")().cast<std::vector<std::string>>();

@@ -1032,8 +1032,13 @@ class ProbeSiteRunner : public UnitSiteRunner {
       // what the first call changed is what a stateful finding names.
       std::map<std::string, Tensor> before;
       for (const auto& [name, t] : model_.state_tensors()) before.emplace(name, copy_of(t));
+      const auto host_before = model_.host_generators();
       auto a = once(fn, inputs, &p.random_ops, &p.private_generator);
       p.rng_consumed = RngState::capture() != r0;
+      for (const auto& [name, digest] : model_.host_generators()) {
+        const auto it = std::find_if(host_before.begin(), host_before.end(), [&](const auto& h) { return h.first == name; });
+        if (it == host_before.end() || it->second != digest) p.host_generators.push_back(name);
+      }
       for (const auto& [name, t] : model_.state_tensors()) {
         const auto it = before.find(name);
         // Undefined is state too (an attribute that is None) and equals only itself; state the

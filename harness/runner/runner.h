@@ -150,6 +150,7 @@ struct UnitProbe {
   std::vector<std::string> random_ops;     // random-number ops the unit ran
   bool private_generator = false;          // one of them used a non-default generator
   bool rng_consumed = false;               // the default generators moved during the call
+  std::vector<std::string> host_generators;  // generators outside torch the call moved (numpy.random)
   // The first call's outputs and those of the call that differed from them (restart, or repeat
   // when the restart was equal), so a check can apply its own tolerance.
   std::vector<torch::Tensor> first_outputs, other_outputs;

@@ -1148,6 +1148,9 @@ class ModelAdapter:
     def eval_modules(self):
         return [p or "(root)" for p, m in self.module.named_modules() if not m.training]
 
+    def host_generators(self):
+        return _host_generator_digests()
+
     def snapshot(self):
         with torch.no_grad():
             params = {n: p.detach().clone() for n, p in self.module.named_parameters()}
@@ -1190,6 +1193,17 @@ def _host_generators():
     from the same torch seed."""
     numpy = sys.modules.get("numpy")
     return random.getstate(), (numpy.random.get_state() if numpy is not None else None)
+
+
+def _host_generator_digests():
+    """[(name, digest)] of Python's and NumPy's global generators: a unit whose call changes a digest
+    drew from that generator, which no checkpoint replays."""
+    out = [("random", str(hash(random.getstate())))]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, pos, has_gauss, cached = numpy.random.get_state()[:5]
+        out.append(("numpy.random", f"{kind}:{pos}:{has_gauss}:{cached}:{hash(keys.tobytes())}"))
+    return out
 
 
 def _set_host_generators(states):

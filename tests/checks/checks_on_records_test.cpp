@@ -184,6 +184,35 @@ TEST(ChecksOnRecords, APrivateGeneratorFailsAsRngEvenWithRngPreservation) {
   EXPECT_EQ(r.findings[0].details.at("private_generator"), true);
 }
 
+// A unit that repeats from a restart (which puts NumPy's generator back) and changed no state of
+// the model drew from NumPy: the rng check's, with its own hint, and no stateful finding. The
+// control: with a member changed too, the repeat is the member's (stateful), not the generator's.
+TEST(ChecksOnRecords, ADrawFromNumpysGeneratorIsRngAndStateBesideItIsStateful) {
+  for (bool member_changed : {false, true}) {
+    HandBuiltRecords h;
+    h.differ("blocks.0.fc1.weight", "param-grad", values(), values(0.5));
+    auto& p = h.probe("blocks.0");
+    p.repeat_equal = false;
+    p.host_generators = {"numpy.random"};
+    if (member_changed) p.changed_state = {"@blocks.0.calls"};
+    h.call("blocks.0").output_diffs[0].equal = false;
+    const auto rng = h.run(*make_check("rng"));
+    const auto det = h.run(*make_check("determinism"));
+    if (member_changed) {
+      EXPECT_EQ(rng.status, Status::kPass) << rng;
+      ASSERT_EQ(causes_of(det), std::vector<Cause>{Cause::kStateful}) << det;
+      EXPECT_NE(det.findings[0].message.find("numpy.random"), std::string::npos) << det;
+    } else {
+      EXPECT_EQ(rng.status, Status::kFail) << rng;
+      ASSERT_EQ(causes_of(rng), std::vector<Cause>{Cause::kRng}) << rng;
+      EXPECT_EQ(rng.findings[0].tensor, "numpy.random");
+      EXPECT_NE(rng.findings[0].hint.find("torch.randn"), std::string::npos) << rng;
+      EXPECT_EQ(det.status, Status::kPass) << det;
+      EXPECT_TRUE(det.findings.empty()) << det;
+    }
+  }
+}
+
 // --- autocast --------------------------------------------------------------------------------
 
 TEST(ChecksOnRecords, AnOpRecomputedInAnotherDtypeFailsAsAutocast) {

@@ -304,13 +304,43 @@ def test_an_output_the_checkpoint_drops_is_a_warning_with_its_cause(ckcheck, fac
 
 
 # ---- Python's and NumPy's generators ------------------------------------------------------------
-@pytest.mark.parametrize("factory,expect", [("numpy_mask_before_blocks", 0), ("numpy_mask_inside_a_block", 1)])
-def test_every_run_starts_from_the_same_numpy_state(ckcheck, factory, expect):
+HOST_DRAWS = [("numpy_mask_before_blocks", None), ("numpy_mask_inside_a_block", "numpy.random"),
+              ("python_random_inside_a_block", "random")]
+
+
+@pytest.mark.parametrize("factory,generator", HOST_DRAWS)
+def test_pytorch_alone_a_host_generator_drawn_inside_a_block_changes_checkpointed_gradients(factory, generator):
+    import random
+
+    import numpy
+
+    grads = []
+    for checkpointed in (False, True):  # each from the same generators' state, as ckcheck's runs are
+        random.seed(0)
+        numpy.random.seed(0)
+        torch.manual_seed(0)
+        model, x = getattr(_load("fidelity"), factory)()
+        if checkpointed:
+            for b in model.blocks:
+                b.forward = lambda h, f=b.forward: tc.checkpoint(f, h, use_reentrant=False)
+        model(x).square().sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    plain, checkpointed = grads
+    assert any(not torch.equal(plain[n], checkpointed[n]) for n in plain) == (generator is not None)
+
+
+@pytest.mark.parametrize("factory,generator", HOST_DRAWS)
+def test_a_draw_from_pythons_or_numpys_generator_inside_a_block_is_rng(ckcheck, factory, generator):
     # before the blocks: the plain step repeats and the checkpointed one equals it; inside a block
-    # the recompute draws another mask, which no checkpoint replays
+    # the recompute draws another mask, which no checkpoint replays: the rng check names the generator
     r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", "torch")
-    assert r.code == expect, r.out + r.err
-    assert r.check("gradients")["status"] == ("fail" if expect else "pass"), r.out
+    assert r.code == (1 if generator else 0), r.out + r.err
+    assert r.check("gradients")["status"] == ("fail" if generator else "pass"), r.out
+    assert {f["cause"] for f in r.check("gradients")["findings"]} == ({"rng"} if generator else set()), r.out
+    rng = r.check("rng")
+    assert {(f["site"], f["cause"], f["tensor"]) for f in rng["findings"]} == (
+        {("blocks.1", "rng", generator)} if generator else set()), rng
+    assert not r.check("determinism")["findings"], r.out  # no stateful finding beside it
 
 
 # ---- one-line errors -------------------------------------------------------------------------

@@ -203,6 +203,11 @@ class Model {
   /// Module paths whose training flag is off (eval mode), for reports.
   virtual std::vector<std::string> eval_modules() const { return {}; }
 
+  /// Random generators outside torch that a forward may draw from (Python's `random`, NumPy's
+  /// global generator), each by name with a digest of its state: a unit whose call moves one draws
+  /// numbers no checkpoint replays. Empty where the model has none. snapshot() keeps their state.
+  virtual std::vector<std::pair<std::string, std::string>> host_generators() const { return {}; }
+
   /// A copy of all state, and putting it back. Extra state (extra_state()) is included.
   virtual ModelState snapshot();
   virtual void restore(const ModelState& state);

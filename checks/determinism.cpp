@@ -86,7 +86,7 @@ class DeterminismCheck : public Check {
       if (p.repeat_equal) continue;
       // Private generators are the rng check's to report: the repeat draws other numbers.
       if (p.private_generator) continue;
-      // So are Python's and NumPy's generators, when they alone explain the repeat.
+      // So are generators outside torch (Python's, NumPy's), when they alone explain the repeat.
       if (!host_generator_draws(&p).empty()) {
         --probed;
         ++host_drawn;
@@ -123,7 +123,7 @@ class DeterminismCheck : public Check {
                                 (reproduced == 1 ? " reproduces its forward" : " reproduce their forwards") +
                                 " bitwise in the recompute";
       if (host_drawn > 0) {
-        r.summary = fmt::format("{} from Python's or NumPy's generators (the rng check's to report)",
+        r.summary = fmt::format("{} from generators outside torch (the rng check's to report)",
                                 count_of(host_drawn, "checkpointed unit") + (host_drawn == 1 ? " draws" : " draw"));
         if (probed > 0) r.summary += fmt::format("; {} probed repeat identically", count_of(probed, "other unit"));
         if (reproduced > 0) r.summary += "; " + again;

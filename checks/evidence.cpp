@@ -25,7 +25,7 @@ std::string host_generator_draws(const UnitProbe* probe) {
   for (const auto& g : probe->host_generators) {
     words.push_back(g == "numpy.random" ? "NumPy's global generator (numpy.random)"
                     : g == "random"     ? "Python's random module"
-                                        : g);
+                                        : fmt::format("the generator it keeps ({})", g));
   }
   return fmt::format("{}", fmt::join(words, " and "));
 }

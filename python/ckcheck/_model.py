@@ -1149,7 +1149,10 @@ class ModelAdapter:
         return [p or "(root)" for p, m in self.module.named_modules() if not m.training]
 
     def host_generators(self):
-        return _host_generator_digests()
+        """Python's and NumPy's global generators, then those the model keeps as attributes."""
+        kept = [(full, _state_digest(_generator_state(getattr(m, key)))) for path, m, key, full in self._attributes()
+                if _host_generator(getattr(m, key))]
+        return _host_generator_digests() + kept
 
     def snapshot(self):
         with torch.no_grad():
@@ -1172,7 +1175,7 @@ class ModelAdapter:
                     b.copy_(buffers[n])
         for full, (m, key, value) in attrs.items():
             if isinstance(value, _GeneratorState):
-                getattr(m, key).set_state(value.state)
+                value.put_back(getattr(m, key))
             else:
                 setattr(m, key, _copy_value(value))
         for path, m in self.module.named_modules():
@@ -1198,11 +1201,10 @@ def _host_generators():
 def _host_generator_digests():
     """[(name, digest)] of Python's and NumPy's global generators: a unit whose call changes a digest
     drew from that generator, which no checkpoint replays."""
-    out = [("random", str(hash(random.getstate())))]
+    out = [("random", _state_digest(random.getstate()))]
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        kind, keys, pos, has_gauss, cached = numpy.random.get_state()[:5]
-        out.append(("numpy.random", f"{kind}:{pos}:{has_gauss}:{cached}:{hash(keys.tobytes())}"))
+        out.append(("numpy.random", _state_digest(numpy.random.get_state())))
     return out
 
 
@@ -1227,14 +1229,53 @@ def _share_a_class(modules):
 
 
 class _GeneratorState:
-    """A torch.Generator attribute's state, put back into the same generator."""
+    """A generator attribute's state (torch.Generator, random.Random, NumPy's Generator or
+    RandomState), put back into the same generator."""
 
-    def __init__(self, state):
-        self.state = state
+    def __init__(self, generator):
+        self.state = _generator_state(generator)
+
+    def put_back(self, generator):
+        if isinstance(generator, torch.Generator):
+            generator.set_state(self.state)
+        elif isinstance(generator, random.Random):
+            generator.setstate(self.state)
+        elif hasattr(generator, "bit_generator"):
+            generator.bit_generator.state = self.state
+        else:
+            generator.set_state(self.state)
+
+
+def _host_generator(value):
+    """True for a generator outside torch: Python's random.Random, NumPy's Generator or RandomState."""
+    if isinstance(value, random.Random):
+        return True
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, (numpy.random.Generator, numpy.random.RandomState))
+
+
+def _generator_state(generator):
+    if isinstance(generator, torch.Generator):
+        return generator.get_state()
+    if isinstance(generator, random.Random):
+        return generator.getstate()
+    if hasattr(generator, "bit_generator"):
+        return copy.deepcopy(generator.bit_generator.state)
+    return generator.get_state()
+
+
+def _state_digest(state):
+    """A string that changes whenever the generator whose state this is draws."""
+    if isinstance(state, tuple) and state and isinstance(state[0], str):  # RandomState's (kind, keys, pos, ...)
+        kind, keys, pos, has_gauss, cached = state[:5]
+        return f"{kind}:{pos}:{has_gauss}:{cached}:{hash(keys.tobytes())}"
+    if isinstance(state, dict):  # a NumPy bit generator's: numbers
+        return repr(state)
+    return str(hash(state))  # Python's random: a tuple of ints
 
 
 def _is_state_value(value, depth=0):
-    if isinstance(value, torch.Generator):
+    if isinstance(value, torch.Generator) or _host_generator(value):
         return depth == 0
     if isinstance(value, torch.Tensor):
         return not isinstance(value, torch.nn.Parameter)
@@ -1248,15 +1289,15 @@ def _is_state_value(value, depth=0):
 
 
 def _copy_value(value):
-    if isinstance(value, torch.Generator):
-        return _GeneratorState(value.get_state())
+    if isinstance(value, torch.Generator) or _host_generator(value):
+        return _GeneratorState(value)
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     return copy.deepcopy(value)
 
 
 def _fingerprint(value):
-    if isinstance(value, torch.Generator):
+    if isinstance(value, torch.Generator) or _host_generator(value):
         return ("generator", id(value))
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), str(value.dtype), id(value))

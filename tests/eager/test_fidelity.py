@@ -305,7 +305,7 @@ def test_an_output_the_checkpoint_drops_is_a_warning_with_its_cause(ckcheck, fac
 
 # ---- Python's and NumPy's generators ------------------------------------------------------------
 HOST_DRAWS = [("numpy_mask_before_blocks", None), ("numpy_mask_inside_a_block", "numpy.random"),
-              ("python_random_inside_a_block", "random")]
+              ("python_random_inside_a_block", "random"), ("kept_generator_inside_a_block", "noise")]
 
 
 @pytest.mark.parametrize("factory,generator", HOST_DRAWS)
@@ -330,7 +330,7 @@ def test_pytorch_alone_a_host_generator_drawn_inside_a_block_changes_checkpointe
 
 
 @pytest.mark.parametrize("factory,generator", HOST_DRAWS)
-def test_a_draw_from_pythons_or_numpys_generator_inside_a_block_is_rng(ckcheck, factory, generator):
+def test_a_draw_from_a_generator_outside_torch_inside_a_block_is_rng(ckcheck, factory, generator):
     # before the blocks: the plain step repeats and the checkpointed one equals it; inside a block
     # the recompute draws another mask, which no checkpoint replays: the rng check names the generator
     r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", "torch")

@@ -75,7 +75,7 @@ class DeterminismCheck : public Check {
     }
     bool failed = false;
     size_t probed = 0;
-    size_t host_drawn = 0;  // units left to the rng check: they draw from Python's or NumPy's generators
+    size_t host_drawn = 0;  // units left to the rng check: they draw from generators outside torch
     std::string probe_error;  // a probe that could not run is no evidence of non-determinism
     for (const auto& p : *ctx.records.probes) {
       ++probed;

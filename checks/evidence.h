@@ -29,7 +29,7 @@ const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site);
 /// of the model): in words ("NumPy's global generator (numpy.random)"), "" otherwise.
 std::string host_generator_draws(const UnitProbe* probe);
 
-/// The fix for a unit that draws from Python's or NumPy's generators.
+/// The fix for a unit that draws from generators outside torch.
 extern const char* const kHostGeneratorHint;
 
 /// The cause of a recompute in other dtypes than its forward: recompute-dtype where the engine

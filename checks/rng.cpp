@@ -1,5 +1,6 @@
 // rng: a checkpointed site consumes random numbers and its recompute does not reproduce the
-// forward's outputs: the RNG state was not replayed, or the site draws from a private generator.
+// forward's outputs: the RNG state was not replayed, or the site draws from a private generator or
+// from one outside torch (Python's, NumPy's).
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -64,7 +65,7 @@ class RngCheck : public Check {
     for (const auto& unit : ctx.plan.units) {
       const auto site = Plan::unit_label(unit);
       const UnitProbe* probe = probe_for(ctx, site);
-      // Python's or NumPy's generators: their draws are no checkpoint's to replay.
+      // Generators outside torch (Python's, NumPy's): their draws are no checkpoint's to replay.
       const std::string host = host_generator_draws(probe);
       bool consumed = probe && (probe->rng_consumed || !probe->random_ops.empty() || !host.empty());
       bool differs = false, replayed = true;
@@ -124,7 +125,7 @@ class RngCheck : public Check {
       r.status = Status::kFail;
       r.summary = fmt::format("{} recompute with other random numbers than the forward",
                               count_of(r.findings.size(), "site"));
-      // Draws from Python's or NumPy's generators in the recompute reach nothing when every compared
+      // Draws from generators outside torch in the recompute reach nothing when every compared
       // tensor still equals (as for determinism's findings).
       const bool host_only = std::all_of(r.findings.begin(), r.findings.end(),
                                          [](const Finding& f) { return f.details.contains("host_generators"); });

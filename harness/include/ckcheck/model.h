@@ -204,7 +204,7 @@ class Model {
   virtual std::vector<std::string> eval_modules() const { return {}; }
 
   /// Random generators outside torch that a forward may draw from (Python's `random`, NumPy's
-  /// global generator), each by name with a digest of its state: a unit whose call moves one draws
+  /// global generator, a `random.Random` or NumPy generator a module keeps), each by name with a digest of its state: a unit whose call moves one draws
   /// numbers no checkpoint replays. Empty where the model has none. snapshot() keeps their state.
   virtual std::vector<std::pair<std::string, std::string>> host_generators() const { return {}; }
 

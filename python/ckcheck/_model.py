@@ -1201,10 +1201,10 @@ def _host_generators():
 def _host_generator_digests():
     """[(name, digest)] of Python's and NumPy's global generators: a unit whose call changes a digest
     drew from that generator, which no checkpoint replays."""
-    out = [("random", _state_digest(random.getstate()))]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        out.append(("numpy.random", _state_digest(numpy.random.get_state())))
+    python_state, numpy_state = _host_generators()
+    out = [("random", _state_digest(python_state))]
+    if numpy_state is not None:
+        out.append(("numpy.random", _state_digest(numpy_state)))
     return out
 
 
@@ -1254,6 +1254,11 @@ def _host_generator(value):
     return numpy is not None and isinstance(value, (numpy.random.Generator, numpy.random.RandomState))
 
 
+def _is_generator(value):
+    """A torch.Generator or a generator outside torch: state put back into the same object."""
+    return isinstance(value, torch.Generator) or _host_generator(value)
+
+
 def _generator_state(generator):
     if isinstance(generator, torch.Generator):
         return generator.get_state()
@@ -1275,7 +1280,7 @@ def _state_digest(state):
 
 
 def _is_state_value(value, depth=0):
-    if isinstance(value, torch.Generator) or _host_generator(value):
+    if _is_generator(value):
         return depth == 0
     if isinstance(value, torch.Tensor):
         return not isinstance(value, torch.nn.Parameter)
@@ -1289,7 +1294,7 @@ def _is_state_value(value, depth=0):
 
 
 def _copy_value(value):
-    if isinstance(value, torch.Generator) or _host_generator(value):
+    if _is_generator(value):
         return _GeneratorState(value)
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
@@ -1297,7 +1302,7 @@ def _copy_value(value):
 
 
 def _fingerprint(value):
-    if isinstance(value, torch.Generator) or _host_generator(value):
+    if _is_generator(value):
         return ("generator", id(value))
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), str(value.dtype), id(value))

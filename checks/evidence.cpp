@@ -27,7 +27,9 @@ std::string host_generator_draws(const UnitProbe* probe) {
                     : g == "random"     ? "Python's random module"
                                         : fmt::format("the generator it keeps ({})", g));
   }
-  return fmt::format("{}", fmt::join(words, " and "));
+  return fmt::format("the site draws from {}, which no checkpoint saves or replays, so its recompute draws other "
+                     "numbers than the forward",
+                     fmt::join(words, " and "));
 }
 
 const char* const kHostGeneratorHint =
@@ -176,12 +178,8 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
         found = SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
       } else if (first_dtype_difference(c)) {
         found = SiteExplanation{site, dtype_cause(ctx), "the recompute runs its ops in other dtypes than the forward"};
-      } else if (const auto host = host_generator_draws(probe); !host.empty()) {
-        found = SiteExplanation{site, Cause::kRng,
-                                fmt::format("the site draws from {}, which no checkpoint replays, so the recompute "
-                                            "drew other numbers",
-                                            host),
-                                kHostGeneratorHint};
+      } else if (auto host = host_generator_draws(probe); !host.empty()) {
+        found = SiteExplanation{site, Cause::kRng, std::move(host), kHostGeneratorHint};
       } else if (probe && !probe->repeat_equal && probe->restart_equal) {
         found = SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
       } else if (probe && !probe->restart_equal) {

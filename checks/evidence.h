@@ -24,9 +24,10 @@ extern const char* const kCompiledRngHint;
 /// The probe of a unit, if the probe ran.
 const UnitProbe* probe_for(const CheckContext& ctx, const std::string& site);
 
-/// The generators outside torch the unit drew from, when they alone explain why its second call
-/// computes something else (it repeats from a restart that puts them back, and changed no state
-/// of the model): in words ("NumPy's global generator (numpy.random)"), "" otherwise.
+/// When the generators outside torch the unit drew from alone explain why its second call computes
+/// something else (it repeats from a restart that puts them back, and changed no state of the
+/// model): the sentence that says so, naming them ("the site draws from NumPy's global generator
+/// (numpy.random), which no checkpoint ..."); "" otherwise.
 std::string host_generator_draws(const UnitProbe* probe);
 
 /// The fix for a unit that draws from generators outside torch.

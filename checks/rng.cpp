@@ -62,6 +62,7 @@ class RngCheck : public Check {
     CheckResult r;
     r.id = id();
     size_t random_sites = 0;
+    bool host_only = true;  // every finding's draws are from generators outside torch
     for (const auto& unit : ctx.plan.units) {
       const auto site = Plan::unit_label(unit);
       const UnitProbe* probe = probe_for(ctx, site);
@@ -91,12 +92,11 @@ class RngCheck : public Check {
       f.details = {{"random_ops", probe ? probe->random_ops : std::vector<std::string>{}},
                    {"private_generator", private_gen},
                    {"rng_state_preserved", ctx.config.checkpoint.preserve_rng_state && replayed}};
+      host_only = host_only && !host.empty() && !private_gen;
       if (!host.empty() && !private_gen) {
         f.tensor = probe->host_generators.front();
         f.details["host_generators"] = probe->host_generators;
-        f.message = fmt::format("the site draws from {}, which no checkpoint saves or replays, so its recompute "
-                                "draws other numbers than the forward",
-                                host);
+        f.message = host;
         f.hint = kHostGeneratorHint;
       } else if (private_gen) {
         f.message = drew_again
@@ -127,8 +127,6 @@ class RngCheck : public Check {
                               count_of(r.findings.size(), "site"));
       // Draws from generators outside torch in the recompute reach nothing when every compared
       // tensor still equals (as for determinism's findings).
-      const bool host_only = std::all_of(r.findings.begin(), r.findings.end(),
-                                         [](const Finding& f) { return f.details.contains("host_generators"); });
       if (host_only && checkpointed_step_unchanged(ctx)) {
         r.status = Status::kWarn;
         r.summary += "; the checkpointed step still equals the plain one";

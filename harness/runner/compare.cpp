@@ -197,6 +197,15 @@ bool bit_identical(const torch::Tensor& a, const torch::Tensor& b) {
   return torch::equal(a.contiguous().view(bits), b.contiguous().view(bits));
 }
 
+// The NaN and inf elements of a floating-point tensor (0 for others). One sum settles the common
+// case: a NaN or inf term makes any sum NaN or inf, so a finite sum has none; a sum that is not
+// finite (a NaN, or finite terms that overflowed) has them counted.
+int64_t nonfinite_count(const torch::Tensor& t) {
+  if (!t.is_floating_point() || t.numel() == 0) return 0;
+  if (std::isfinite(t.sum().item<double>())) return 0;
+  return (~torch::isfinite(t)).sum().item<int64_t>();
+}
+
 }  // namespace
 
 TensorDiff compare_tensors(const torch::Tensor& reference, const torch::Tensor& checkpointed,
@@ -214,18 +223,19 @@ TensorDiff compare_tensors(const torch::Tensor& reference, const torch::Tensor& 
   auto ref = reference.detach().to(torch::kCPU);
   auto got = checkpointed.detach().to(torch::kCPU);
   d.numel = ref.numel();
-  if (ref.is_floating_point() || got.is_floating_point()) {
-    d.nonfinite_reference = ref.is_floating_point() ? (~torch::isfinite(ref)).sum().item<int64_t>() : 0;
-    d.nonfinite_checkpointed =
-        got.is_floating_point() ? (~torch::isfinite(got)).sum().item<int64_t>() : 0;
+  d.nonfinite_reference = nonfinite_count(ref);
+  const bool same_dtype = ref.scalar_type() == got.scalar_type();
+  if (same_dtype && ref.sizes() == got.sizes() && d.numel > 0 && bit_identical(ref, got)) {
+    d.nonfinite_checkpointed = d.nonfinite_reference;  // the same bits: the same NaNs and infs
+    return d;
   }
+  d.nonfinite_checkpointed = nonfinite_count(got);
   if (ref.sizes() != got.sizes()) {
     d.equal = false;
     d.mismatched = std::max(ref.numel(), got.numel());
     d.note = fmt::format("shape {} vs {}", fmt::join(ref.sizes(), "x"), fmt::join(got.sizes(), "x"));
     return d;
   }
-  const bool same_dtype = ref.scalar_type() == got.scalar_type();
   if (!same_dtype) {
     d.note = fmt::format("dtype {} vs {}", c10::toString(ref.scalar_type()),
                          c10::toString(got.scalar_type()));
@@ -234,7 +244,6 @@ TensorDiff compare_tensors(const torch::Tensor& reference, const torch::Tensor& 
     d.equal = same_dtype || !tol.bitwise();
     return d;
   }
-  if (same_dtype && bit_identical(ref, got)) return d;
   const auto r = ref.to(torch::kDouble).flatten();
   const auto g = got.to(torch::kDouble).flatten();
   measure_distances(ref, got, r, g, d);

@@ -87,6 +87,26 @@ RC_GTEST_PROP(Compare, UlpDistanceMatchesNextafterSteps, (float x, uint8_t steps
   RC_ASSERT(d.equal == (x == y));
 }
 
+// The NaN and inf counts equal torch's own count, whatever the values: NaNs and infs of both signs,
+// finite values large enough that their sum overflows, in float and half, the two sides identical
+// or not.
+RC_GTEST_PROP(Compare, NonfiniteCountsMatchTorch, (std::vector<uint8_t> kinds, bool half, bool identical)) {
+  RC_PRE(!kinds.empty());
+  const float inf = std::numeric_limits<float>::infinity();
+  const float big = half ? 60000.0f : 3e38f;
+  std::vector<float> values;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const float table[] = {1.5f, -2.0f, NAN, inf, -inf, big, -big, 0.0f};
+    values.push_back(table[kinds[i] % 8]);
+  }
+  auto a = torch::tensor(values);
+  if (half) a = a.to(torch::kHalf);
+  auto b = identical ? a.clone() : a.flip(0);
+  const auto d = compare_tensors(a, b, Tolerance());
+  RC_ASSERT(d.nonfinite_reference == (~torch::isfinite(a)).sum().item<int64_t>());
+  RC_ASSERT(d.nonfinite_checkpointed == (~torch::isfinite(b)).sum().item<int64_t>());
+}
+
 TEST(Fingerprint, ChangesWithContentShapeAndDtype) {
   auto a = torch::arange(6).to(torch::kFloat);
   EXPECT_EQ(fingerprint(a), fingerprint(a.clone()));

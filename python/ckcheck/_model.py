@@ -1117,7 +1117,7 @@ class ModelAdapter:
         for path, m, key, full in self._attributes():
             _flatten_attr("@" + full, getattr(m, key), out)
         for path, m in self.module.named_modules():
-            out.append(("@" + (f"{path}.training" if path else "training"), torch.tensor(m.training), "mode"))
+            out.append(("@" + (f"{path}.training" if path else "training"), _scalar_tensor(bool(m.training)), "mode"))
         return out
 
     def state_aliases(self):
@@ -1176,7 +1176,7 @@ class ModelAdapter:
         for full, (m, key, value) in attrs.items():
             if isinstance(value, _GeneratorState):
                 value.put_back(getattr(m, key))
-            else:
+            elif type(value) not in _EXACT_SCALARS or getattr(m, key, _ABSENT) is not value:
                 setattr(m, key, _copy_value(value))
         for path, m in self.module.named_modules():
             if path in modes:
@@ -1248,6 +1248,8 @@ class _GeneratorState:
 
 def _host_generator(value):
     """True for a generator outside torch: Python's random.Random, NumPy's Generator or RandomState."""
+    if type(value) in _EXACT_SCALARS:
+        return False
     if isinstance(value, random.Random):
         return True
     numpy = sys.modules.get("numpy")
@@ -1280,6 +1282,8 @@ def _state_digest(state):
 
 
 def _is_state_value(value, depth=0):
+    if type(value) in _EXACT_SCALARS:  # most attributes: decided without the isinstance checks below
+        return True
     if _is_generator(value):
         return depth == 0
     if isinstance(value, torch.Tensor):
@@ -1294,6 +1298,8 @@ def _is_state_value(value, depth=0):
 
 
 def _copy_value(value):
+    if type(value) in _EXACT_SCALARS:  # immutable: the value itself
+        return value
     if _is_generator(value):
         return _GeneratorState(value)
     if isinstance(value, torch.Tensor):
@@ -1312,6 +1318,26 @@ def _fingerprint(value):
         return id(value)
 
 
+# Attributes are read at every step and every checkpointed call: the 0-d tensor of each number
+# is made once and shared (its readers copy it, none writes to it). A float is keyed by its bits,
+# so that -0.0 and 0.0 stay apart; the table is emptied when it grows past _SCALAR_TENSORS_MAX.
+_scalar_tensors = {}
+_SCALAR_TENSORS_MAX = 4096
+_EXACT_SCALARS = frozenset(_SCALARS)
+
+
+def _scalar_tensor(value):
+    """The 0-d tensor of a bool (bool), int (int64) or float (float64)."""
+    key = (float, value.hex()) if type(value) is float else (type(value), value)
+    t = _scalar_tensors.get(key)
+    if t is None:
+        if len(_scalar_tensors) >= _SCALAR_TENSORS_MAX:
+            _scalar_tensors.clear()
+        dtype = torch.bool if type(value) is bool else torch.int64 if type(value) is int else torch.float64
+        t = _scalar_tensors[key] = torch.tensor(value, dtype=dtype)
+    return t
+
+
 def _flatten_attr(name, value, out):
     if isinstance(value, torch.Generator):
         out.append((name, value.get_state(), "extra"))
@@ -1320,14 +1346,14 @@ def _flatten_attr(name, value, out):
     elif value is None:
         out.append((name, None, "attribute"))
     elif isinstance(value, bool):
-        out.append((name, torch.tensor(value), "scalar"))
+        out.append((name, _scalar_tensor(bool(value)), "scalar"))
     elif isinstance(value, int):
         small = -(2**63) <= value < 2**63
-        out.append((name, torch.tensor(value if small else hash(value), dtype=torch.int64), "scalar"))
+        out.append((name, _scalar_tensor(int(value) if small else hash(value)), "scalar"))
     elif isinstance(value, float):
-        out.append((name, torch.tensor(value, dtype=torch.float64), "scalar"))
+        out.append((name, _scalar_tensor(float(value)), "scalar"))
     elif isinstance(value, str):
-        out.append((name, torch.tensor(hash(value) & 0x7FFFFFFFFFFFFFFF, dtype=torch.int64), "scalar"))
+        out.append((name, _scalar_tensor(hash(value) & 0x7FFFFFFFFFFFFFFF), "scalar"))
     elif isinstance(value, (tuple, list)):
         for i, v in enumerate(value):
             _flatten_attr(f"{name}.{i}", v, out)

@@ -105,10 +105,13 @@ TEST_F(Conformance, DoubleBackwardAGradientPenaltyMatchesPlain) {
   penalised(true);
   const auto got = grads_of(net, x);
   // The same arithmetic; only the order in which the engine adds the two paths' contributions
-  // into a .grad may differ.
+  // into a .grad may differ, and the kernels (AVX2 or AVX-512) round each sum in their own order:
+  // a few float roundings of the gradient's largest element apart, where a lost path would be
+  // of the order of the gradient itself.
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_TRUE(got[i].defined()) << i;
-    EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-6, 1e-7)) << i << "\n" << got[i] - want[i];
+    const double scale = want[i].abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-5, 1e-5 * scale)) << i << "\n" << got[i] - want[i];
   }
 }
 

@@ -1176,7 +1176,7 @@ class ModelAdapter:
         for full, (m, key, value) in attrs.items():
             if isinstance(value, _GeneratorState):
                 value.put_back(getattr(m, key))
-            elif type(value) not in _EXACT_SCALARS or getattr(m, key, _ABSENT) is not value:
+            elif not _plain_scalar(value) or getattr(m, key, _ABSENT) is not value:
                 setattr(m, key, _copy_value(value))
         for path, m in self.module.named_modules():
             if path in modes:
@@ -1248,7 +1248,7 @@ class _GeneratorState:
 
 def _host_generator(value):
     """True for a generator outside torch: Python's random.Random, NumPy's Generator or RandomState."""
-    if type(value) in _EXACT_SCALARS:
+    if _plain_scalar(value):
         return False
     if isinstance(value, random.Random):
         return True
@@ -1282,7 +1282,7 @@ def _state_digest(state):
 
 
 def _is_state_value(value, depth=0):
-    if type(value) in _EXACT_SCALARS:  # most attributes: decided without the isinstance checks below
+    if _plain_scalar(value):  # most attributes: decided without the isinstance checks below
         return True
     if _is_generator(value):
         return depth == 0
@@ -1298,7 +1298,7 @@ def _is_state_value(value, depth=0):
 
 
 def _copy_value(value):
-    if type(value) in _EXACT_SCALARS:  # immutable: the value itself
+    if _plain_scalar(value):  # immutable: the value itself
         return value
     if _is_generator(value):
         return _GeneratorState(value)
@@ -1324,6 +1324,12 @@ def _fingerprint(value):
 _scalar_tensors = {}
 _SCALAR_TENSORS_MAX = 4096
 _EXACT_SCALARS = frozenset(_SCALARS)
+
+
+def _plain_scalar(value):
+    """A number, flag, string or None by its exact type (no subclass): immutable state, never a
+    generator or a tensor -- decided before any isinstance check, as most attributes are these."""
+    return type(value) in _EXACT_SCALARS
 
 
 def _scalar_tensor(value):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ckcheck
-from conftest import fixture, twin
+from conftest import factory_result, fixture, twin
 
 
 def _forbidden(*_, **__):
@@ -184,3 +184,20 @@ def test_the_models_own_switch_is_left_as_it_was(switched_on):
     report = ckcheck.run(model, (x,), checkpoint="model")
     assert report.verdict == "pass"
     assert model.gradient_checkpointing is switched_on
+
+
+@pytest.mark.parametrize("kind", ["scalar", "mode"])
+def test_the_shared_tensors_of_numbers_and_flags_keep_their_values(kind):
+    # The adapter reads each number or flag of the model's state as one 0-d tensor shared by every
+    # read of that value; a reader that wrote into it would change what later reads of the same
+    # number compare. After a failing run (the recompute counts again), every one still holds its
+    # number.
+    from ckcheck import _model
+
+    model, x = factory_result("state_kinds.py", kind)
+    report = ckcheck.run(model, (x,), checkpoint="torch")
+    assert report.verdict == "fail"
+    assert _model._scalar_tensors, "the run read no number or flag"
+    for (kind_of, value), tensor in _model._scalar_tensors.items():
+        expected = float.fromhex(value) if kind_of is float else value
+        assert tensor.item() == expected, (kind_of, value, tensor)

@@ -524,6 +524,11 @@ class ModelAdapter:
             self.sites, self.default_sites = self._discover()
         finally:
             self.restore(start)
+        if checkpoint != "ckcheck":
+            # torch.utils.checkpoint imports torch's compiler (torch._dynamo) on its first call: a
+            # one-time cost the user's own training pays at its first checkpointed step, seconds on
+            # a small CPU. Paid here, while loading, it is not counted as the check's cost.
+            importlib.import_module("torch._dynamo")
         self._compiler = None
         self.compiled = compile_opts is not None  # trained through torch.compile (--compile)
         self._step_context_fn = None  # a sac:OPS policy's contexts, for the step under way

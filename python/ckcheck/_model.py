@@ -214,6 +214,13 @@ def _option_inputs(opts: dict):
     return (opts["tensor"],)
 
 
+def _seed_host_generators(seed):
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)  # NumPy's legacy seeds are 32-bit
+
+
 def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_opts=None,
          policy_opts=None) -> "ModelAdapter":
     """The adapter of the model a factory makes: `spec` names it (FILE.py[:CALLABLE],
@@ -223,6 +230,11 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     policy_opts = dict(policy_opts or {})
     factory = spec if callable(spec) else _import_factory(spec)
     torch.manual_seed(seed)  # the model's random weights follow --seed
+    if not callable(spec):
+        # ckcheck's own process (a factory named on the command line): weights or inputs a factory
+        # draws from Python's or NumPy's global generator follow --seed too, so that the report's
+        # reproduce line makes the same model. ckcheck.run leaves the caller's generators alone.
+        _seed_host_generators(seed)
     try:
         result = factory()
     except UsageError:

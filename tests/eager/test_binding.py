@@ -201,3 +201,36 @@ def test_the_shared_tensors_of_numbers_and_flags_keep_their_values(kind):
     for (kind_of, value), tensor in _model._scalar_tensors.items():
         expected = float.fromhex(value) if kind_of is float else value
         assert tensor.item() == expected, (kind_of, value, tensor)
+
+
+HOST_RANDOM_FACTORY = '''
+import random
+
+import numpy
+import torch
+
+
+def make():
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        model.weight.add_(torch.tensor(numpy.random.standard_normal((4, 4)), dtype=torch.float32))
+        model.bias.fill_(random.random())
+    return model, torch.ones(2, 4)
+'''
+
+
+def test_seed_makes_the_weights_a_factory_draws_from_python_and_numpy(tmp_path):
+    # A factory named on the command line draws from Python's and NumPy's global generators too:
+    # --seed makes the same model again (the report's reproduce line), another seed another one.
+    from ckcheck import _model
+
+    path = tmp_path / "host_random.py"
+    path.write_text(HOST_RANDOM_FACTORY)
+
+    def weights(seed):
+        adapter = _model.load(f"{path}:make", seed, {}, "torch", "train")
+        return [p.detach().clone() for p in adapter.module.parameters()]
+
+    first, again, other = weights(5), weights(5), weights(6)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other))

@@ -261,19 +261,34 @@ class PythonModel : public Model, public ParallelEngine {
     return o;
   }
 
+  // (name, tensor or None, kind) triples from the adapter; a parameter's kind is "" and not kept.
+  NamedTensors named_state(const py::handle& items) {
+    NamedTensors out;
+    for (const auto& item : items) {
+      auto t = item.cast<py::tuple>();
+      const auto name = t[0].cast<std::string>();
+      auto kind = t[2].cast<std::string>();
+      if (!kind.empty()) kinds_[name] = std::move(kind);
+      out.emplace_back(name, t[1].is_none() ? Tensor() : t[1].cast<Tensor>());
+    }
+    return out;
+  }
+
   NamedTensors named_parameters() override { return named("named_parameters"); }
   NamedTensors named_buffers() override { return named("named_buffers"); }
 
   NamedTensors state_tensors() override {
     IntoPython gil;
-    NamedTensors out;
-    for (const auto& item : adapter_.attr("state_tensors")()) {
-      auto t = item.cast<py::tuple>();
-      const auto name = t[0].cast<std::string>();
-      kinds_[name] = t[2].cast<std::string>();
-      out.emplace_back(name, t[1].is_none() ? Tensor() : t[1].cast<Tensor>());
+    return named_state(adapter_.attr("state_tensors")());
+  }
+
+  NamedTensors unit_state(const std::vector<std::string>& sites) override {
+    {
+      IntoPython gil;
+      const py::object items = adapter_.attr("unit_state")(sites);
+      if (!items.is_none()) return named_state(items);
     }
-    return out;
+    return Model::unit_state(sites);  // a site that is no module path: the whole lists, filtered
   }
 
   std::string state_kind_of(const std::string& name) const override {

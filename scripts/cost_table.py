@@ -1,7 +1,7 @@
 """What a check costs, in plain training steps: the cost table (a benchmark, not a test).
 
 For the built-in transformer at several depths (and a Python model, GPT-2 from a tiny random
-config, when transformers is installed), measured in this process with the process's CPU time:
+config at several depths, when transformers is installed), measured in this process with the process's CPU time:
 
   plain step      one forward + backward without checkpoints and without ckcheck's recording:
                   the median of `ckcheck bench --policies none` (C++ model), or of the model's own
@@ -16,7 +16,7 @@ Startup (loading LibTorch, importing the model) is outside every figure. The las
 the run's cost grows with depth against the plain step's own growth: 1.00 is linear in depth.
 
     .venv/bin/python scripts/cost_table.py                     # 4, 8 and 16 layers, width 128
-    .venv/bin/python scripts/cost_table.py --layers 4 8 --hidden 64 --repeat 1
+    .venv/bin/python scripts/cost_table.py --layers 4 8 --hidden 64 --repeat 1 --gpt2-layers 2 24
 """
 import argparse
 import importlib.util
@@ -77,11 +77,11 @@ def cpp_row(ckcheck, layers, model_args, repeat):
             "own": own}
 
 
-def python_row(ckcheck, repeat):
+def python_row(ckcheck, layers, repeat):
     spec = importlib.util.spec_from_file_location("tiny_gpt2", os.path.join(ROOT, "fixtures", "python", "tiny_gpt2.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    made = module.make_model()
+    made = module.make_model(layers=layers)
     model, inputs = (made["model"], made["inputs"]) if isinstance(made, dict) else made[:2]
     model.train()
 
@@ -101,8 +101,8 @@ def python_row(ckcheck, repeat):
     run = cpu_of(lambda: ckcheck.run(model, inputs), repeat)
     own = ckcheck.run(model, inputs).cost["plain_steps"]
     grads = cpu_of(lambda: ckcheck.run(model, inputs, checks="gradients"), repeat)
-    return {"model": "GPT-2 (tiny, Python, its own switch)", "plain_s": plain, "run": run / plain, "gradients": grads / plain,
-            "own": own}
+    return {"model": f"GPT-2 (tiny, Python, its own switch), {layers} layers", "plain_s": plain, "run": run / plain,
+            "gradients": grads / plain, "own": own}
 
 
 def main(argv):
@@ -112,10 +112,14 @@ def main(argv):
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each check; the median counts (default 3)")
+    ap.add_argument("--gpt2-layers", type=int, nargs="+", default=[2, 8],
+                    help="depths of the Python model, GPT-2 width 32 (default 2 8)")
     ap.add_argument("--no-python", action="store_true", help="skip the Python model")
     a = ap.parse_args(argv)
-    if a.repeat < 1 or any(n < 1 for n in a.layers):
-        ap.error("--repeat and --layers must be at least 1")
+    if a.repeat < 1 or any(n < 1 for n in a.layers + a.gpt2_layers):
+        ap.error("--repeat, --layers and --gpt2-layers must be at least 1")
+    if importlib.util.find_spec("ckcheck") is None and os.path.isdir(os.path.join(ROOT, "build", "python", "ckcheck")):
+        sys.path.insert(0, os.path.join(ROOT, "build", "python"))  # the build folder's, not installed
     import ckcheck
     import torch
 
@@ -123,7 +127,7 @@ def main(argv):
     model_args = ["--hidden", str(a.hidden), "--seq", str(a.seq), "--batch", str(a.batch), "--heads", "4"]
     rows = [cpp_row(ckcheck, n, model_args, a.repeat) for n in a.layers]
     if not a.no_python and importlib.util.find_spec("transformers") is not None:
-        rows.append(python_row(ckcheck, a.repeat))
+        rows += [python_row(ckcheck, n, a.repeat) for n in a.gpt2_layers]
     print(f"Cost of a check in plain training steps (CPU time, 1 thread; transformer width {a.hidden}, "
           f"seq {a.seq}, batch {a.batch}; median of {a.repeat})\n")
     print("| model | plain step | `ckcheck run` | its report's `cost.plain_steps` | `--checks gradients` | growth vs plain |")
@@ -131,11 +135,10 @@ def main(argv):
     prev = None
     for r in rows:
         growth = ""
-        if prev and r["model"].startswith("transformer"):
-            growth = f"{(r['run'] * r['plain_s']) / (prev['run'] * prev['plain_s']) / (r['plain_s'] / prev['plain_s']):.2f}"
+        if prev and prev["model"].split(",")[0] == r["model"].split(",")[0]:  # the same model, deeper
+            growth = f"{r['run'] / prev['run']:.2f}"
         print(f"| {r['model']} | {1000 * r['plain_s']:.1f} ms | {r['run']:.1f} | {r['own']:.1f} | {r['gradients']:.1f} | {growth} |")
-        if r["model"].startswith("transformer"):
-            prev = r
+        prev = r
     return 0
 
 

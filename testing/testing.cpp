@@ -74,6 +74,7 @@ class WithInputs : public Model {
   void to(const torch::Device& d) override { inner_.to(d); }
   torch::Device device() const override { return inner_.device(); }
   NamedTensors state_tensors() override { return inner_.state_tensors(); }
+  NamedTensors unit_state(const std::vector<std::string>& s) override { return inner_.unit_state(s); }
   std::string state_kind_of(const std::string& n) const override { return inner_.state_kind_of(n); }
   std::vector<std::string> state_aliases(const std::string& n) const override { return inner_.state_aliases(n); }
   std::string output_structure() const override { return inner_.output_structure(); }

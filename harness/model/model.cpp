@@ -1,5 +1,7 @@
 #include "ckcheck/model.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace ckcheck {
@@ -56,6 +58,26 @@ std::string Model::state_kind_of(const std::string& name) const {
 NamedTensors Model::state_tensors() {
   auto out = named_buffers();
   for (auto& item : extra_state()) out.push_back(std::move(item));
+  return out;
+}
+
+NamedTensors Model::unit_state(const std::vector<std::string>& sites) {
+  auto in_sites = [&](const std::string& name) {
+    const auto plain = state_display_name(name);
+    return std::any_of(sites.begin(), sites.end(), [&](const std::string& s) { return site_within(plain, s); });
+  };
+  auto read = [&](const std::string& name) {
+    if (in_sites(name)) return true;
+    const auto aliases = state_aliases(name);
+    return std::any_of(aliases.begin(), aliases.end(), in_sites);
+  };
+  NamedTensors out;
+  for (auto& item : named_parameters()) {
+    if (read(item.first)) out.push_back(std::move(item));
+  }
+  for (auto& item : state_tensors()) {
+    if (read(item.first)) out.push_back(std::move(item));
+  }
   return out;
 }
 

@@ -112,7 +112,7 @@ class EvidenceObserver : public CheckpointObserver {
     if (e.rng_consumed) rng_after_forward_[c.id] = rng_after;
     auto& kept = outputs_[c.id];
     for (const auto& o : outputs) kept.push_back(o.defined() ? o.detach().clone() : Tensor());
-    state_at_forward_[c.id] = state_marks();
+    state_at_forward_[c.id] = state_marks(sites_of_unit(c.site));
   }
 
   void recompute_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs,
@@ -133,8 +133,8 @@ class EvidenceObserver : public CheckpointObserver {
     e.versions_recompute = versions_of(inputs);
     // State the unit reads: its own modules' (a module cannot reach its parent's state, other than
     // through its arguments, which are watched above).
-    const auto now = state_marks();
     const auto sites = sites_of_unit(c.site);
+    const auto now = state_marks(sites);
     for (const auto& [name, mark] : state_at_forward_[c.id]) {
       const auto plain = state_display_name(name);
       // A shared module's state is listed under its first path; the unit may reach it by another.
@@ -235,7 +235,8 @@ class EvidenceObserver : public CheckpointObserver {
     return {label};
   }
 
-  std::map<std::string, Mark> state_marks() const {
+  // The parameters and state the unit of `sites` reads, each by identity and version.
+  std::map<std::string, Mark> state_marks(const std::vector<std::string>& sites) const {
     std::map<std::string, Mark> marks;
     if (!model_) return marks;
     auto mark = [&](const std::string& name, const Tensor& t) {
@@ -250,8 +251,7 @@ class EvidenceObserver : public CheckpointObserver {
         marks[name] = {t.unsafeGetTensorImpl(), static_cast<int64_t>(t._version())};
       }
     };
-    for (const auto& [name, t] : model_->named_parameters()) mark(name, t);
-    for (const auto& [name, t] : model_->state_tensors()) mark(name, t);
+    for (const auto& [name, t] : model_->unit_state(sites)) mark(name, t);
     return marks;
   }
 };

@@ -505,6 +505,7 @@ class ModelAdapter:
         self._structures = []  # (leaves, spec, tensor positions) of the site calls under way
         self._paths = {}
         self._names = {}  # id(module) -> path
+        self._tied = None  # see _tied_tensors()
         self._active_paths = []  # the module forwards under way (innermost last)
         self._units_seen = []  # --checkpoint model: units met by the checkpoint tap, in order
         self._tap_units = False  # --checkpoint model: the units are the tapped calls
@@ -1089,16 +1090,21 @@ class ModelAdapter:
         return list(self.module.named_buffers())
 
     def _attributes(self):
-        """(module path, module, attribute name) of every attribute that is state: numbers, flags,
-        strings, tensors held as plain attributes and containers of those."""
+        """(module path, module, attribute name, full name) of every attribute that is state:
+        numbers, flags, strings, tensors held as plain attributes and containers of those."""
         for path, m in self.module.named_modules():
-            for key, value in vars(m).items():
-                if key in _MODULE_INTERNALS or key.startswith("__"):
-                    continue
-                full = f"{path}.{key}" if path else key
-                if full in self._switch_attrs or not _is_state_value(value):
-                    continue
+            for key, full in self._state_attributes(path, m):
                 yield path, m, key, full
+
+    def _state_attributes(self, path, m):
+        """(attribute name, full name) of the state attributes of module `m` at `path`."""
+        for key, value in vars(m).items():
+            if key in _MODULE_INTERNALS or key.startswith("__"):
+                continue
+            full = f"{path}.{key}" if path else key
+            if full in self._switch_attrs or not _is_state_value(value):
+                continue
+            yield key, full
 
     def _attributes_the_switch_sets(self):
         """The state attributes the model's switch sets (found by turning it on and off). Every
@@ -1137,14 +1143,65 @@ class ModelAdapter:
             out.append(("@" + (f"{path}.training" if path else "training"), _scalar_tensor(bool(m.training)), "mode"))
         return out
 
+    def unit_state(self, sites):
+        """(name, tensor, kind) of the parameters (kind "") and the state (as state_tensors() lists
+        it) of the modules at `sites` and inside them: what a checkpointed unit reads of the model,
+        read at each of its calls, so that a call's cost does not grow with the model's depth. Names
+        are the whole lists': a module reached through several paths, or a tensor several modules
+        hold, by its first path. None where a site is no module path: the caller then filters the
+        whole lists."""
+        roots = []
+        for site in sites:
+            m = self.module if site == "" else self._paths.get(site)
+            if m is None:
+                return None
+            roots.append((site, m))
+        modules, seen = [], set()
+        for site, root in roots:
+            for path, m in root.named_modules(prefix=site):
+                if id(m) not in seen:
+                    seen.add(id(m))
+                    modules.append((self._names.get(id(m), path), m))
+        tied = self._tied_tensors()
+        out, tensors = [], set()
+        for members, kind in (("_parameters", ""), ("_buffers", "buffer")):
+            for path, m in modules:
+                for key, t in getattr(m, members).items():
+                    if t is None or id(t) in tensors:
+                        continue
+                    tensors.add(id(t))
+                    holders = tied.get(id(t))
+                    name = holders[1][0] if holders and holders[0] is t else f"{path}.{key}" if path else key
+                    out.append((name, t, kind))
+        for path, m in modules:
+            for key, full in self._state_attributes(path, m):
+                _flatten_attr("@" + full, getattr(m, key), out)
+            out.append(("@" + (f"{path}.training" if path else "training"), _scalar_tensor(bool(m.training)), "mode"))
+        return out
+
+    def _tied_tensors(self):
+        """{id(tensor): (tensor, its names)} of the parameters and buffers that several modules hold
+        (an output layer's weight tied to the embedding's), named in the order of the whole lists:
+        the first is the name they give it. Found once: ties are made when the model is built."""
+        if self._tied is None:
+            held = {}
+            for path, m in self.module.named_modules():
+                for members in ("_parameters", "_buffers"):
+                    for key, t in getattr(m, members).items():
+                        if t is not None:
+                            held.setdefault(id(t), (t, []))[1].append(f"{path}.{key}" if path else key)
+            self._tied = {k: v for k, v in held.items() if len(v[1]) > 1}
+        return self._tied
+
     def state_aliases(self):
-        """{name: [its other paths]} for the parameters, buffers and attributes of a module that the
-        model reaches through several paths (one module every block calls): state_tensors() names
-        each by its first path, and a site that reaches it through another path reads it too."""
+        """{name: [its other paths]} for the parameters, buffers, attributes and training flag of a
+        module that the model reaches through several paths (one module every block calls), and for a
+        tensor several modules hold (a tied weight): state_tensors() and named_parameters() name each
+        by its first path, and a site that reaches it through another path reads it too."""
         paths = {}
         for path, m in self.module.named_modules(remove_duplicate=False):
             paths.setdefault(id(m), (m, []))[1].append(path)
-        out = {}
+        out = {names[0]: names[1:] for _, names in self._tied_tensors().values()}
         for m, found in paths.values():
             if len(found) < 2:
                 continue
@@ -1152,6 +1209,7 @@ class ModelAdapter:
             own = [n for n, _ in m.named_parameters(recurse=False)] + [n for n, _ in m.named_buffers(recurse=False)]
             for key in own:
                 out[f"{first}.{key}"] = [f"{o}.{key}" for o in others]
+            out[f"@{first}.training"] = [f"@{o}.training" for o in others]
             for path, owner, key, full in self._attributes():
                 if path != first:
                     continue

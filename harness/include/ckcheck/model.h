@@ -188,6 +188,13 @@ class Model {
   /// copies).
   virtual NamedTensors state_tensors();
 
+  /// The parameters and state a checkpointed unit of `sites` reads of the model: those of the
+  /// modules at these paths and inside them, live, named as named_parameters() and state_tensors()
+  /// name them (a module reached through several paths under its first). Read at every
+  /// checkpointed call, so that what a call costs does not grow with the model's depth. By default
+  /// the whole lists, kept where a name or one of its state_aliases() lies within a site.
+  virtual NamedTensors unit_state(const std::vector<std::string>& sites);
+
   /// The record kind of a state tensor named by state_tensors() (a state_kind:: value).
   virtual std::string state_kind_of(const std::string& name) const;
 

@@ -25,7 +25,7 @@ def pytorch_fsdp(tmp_path, factory, checkpoint, precision="off", world=2):
 
 def fsdp_run(ckcheck, factory, checkpoint, *extra, world=2):
     return ckcheck("run", "--model", f"{MODELS}:{factory}", "--checkpoint", checkpoint, "--parallel", "fsdp",
-                   "--world-size", world, "--timeout", 120, *extra)
+                   "--world-size", world, "--timeout", 300, *extra)
 
 
 def test_transformer_under_fsdp2_with_a_non_reentrant_checkpoint_passes(ckcheck, tmp_path):
@@ -46,7 +46,7 @@ def test_a_hugging_face_models_own_switch_checkpoints_in_the_sharded_copy(ckchec
     gpt2 = fixture("tiny_gpt2.py")
     truth = pytorch_truth(tmp_path, TRUTH, ["make_model", "model", "off"], models=gpt2)
     assert truth[0]["checkpoint_calls"] == 2 and not truth[0]["error"], truth[0]["error"]
-    r = ckcheck("run", "--model", f"{gpt2}:make_model", "--parallel", "fsdp", "--world-size", 2, "--timeout", 120)
+    r = ckcheck("run", "--model", f"{gpt2}:make_model", "--parallel", "fsdp", "--world-size", 2, "--timeout", 300)
     assert r.code == 0, r.out + r.err
     # The checkpointed step under FSDP2 ran and recomputed both layers, as PyTorch's does.
     assert "2 checkpointed units reproduce their forwards" in r.check("determinism")["summary"], r.out
@@ -64,7 +64,7 @@ def test_a_checkpoint_around_fsdp2_units_is_not_blamed_for_fsdp2s_own_ops(ckchec
     switched = pytorch_truth(tmp_path, TRUTH, ["timm_vit", "enable", "bf16"], models=vision)
     assert not switched[0]["error"] and plain[0]["grads"] == switched[0]["grads"], switched[0]["error"]
     r = ckcheck("run", "--model", f"{vision}:timm_vit", "--checkpoint", "model", "--parallel", "fsdp",
-                "--mixed-precision", "bf16", "--world-size", 2, "--timeout", 120)
+                "--mixed-precision", "bf16", "--world-size", 2, "--timeout", 300)
     assert r.code == 0, r.out + r.err
     assert r.check("autocast")["status"] == "pass" and "FSDP2's mixed precision (bf16)" in r.check("autocast")["summary"]
     # The negative control, a recompute in another dtype, is test_a_recompute_in_another_dtype_under_mixed_precision_is_found.
@@ -200,13 +200,13 @@ def test_what_fully_shard_refuses_is_one_line_and_small_parameters_shard(ckcheck
     assert r.code == 2 and len(lines) == 1 and "fully_shard cannot shard the model" in lines[0], r.err
     # Parameters with fewer rows than ranks (empty shards on some) train and compare.
     ok = ckcheck("run", "--model", f"{factory}:one_element", "--checkpoint", "torch", "--parallel", "fsdp",
-                 "--world-size", 4, "--timeout", 120)
+                 "--world-size", 4, "--timeout", 300)
     assert ok.code == 0 and ok.check("data-parallel")["status"] == "pass", ok.out + ok.err
 
 
 def test_bench_measures_memory_per_rank_through_fsdp2(ckcheck):
     r = ckcheck("bench", "--model", f"{MODELS}:transformer", "--checkpoint", "torch", "--parallel", "fsdp",
-                "--world-size", 2, "--policies", "none,every:1", "--steps", 1, "--warmup", 1, "--timeout", 120)
+                "--world-size", 2, "--policies", "none,every:1", "--steps", 1, "--warmup", 1, "--timeout", 300)
     assert r.code == 0, r.out + r.err
     assert r.report["parallel"] == "fsdp" and r.report["world_size"] == 2, r.report
     assert "1/2 of" in r.report["parallel_note"]

@@ -53,7 +53,7 @@ def pytorch_ddp(tmp_path, factory, checkpoint, world=2):
 
 def ddp_run(ckcheck, factory, checkpoint, *extra, world=2):
     return ckcheck("run", "--model", f"{MODELS}:{factory}", "--checkpoint", checkpoint, "--parallel", "ddp",
-                   "--world-size", world, "--timeout", 120, *extra)
+                   "--world-size", world, "--timeout", 300, *extra)
 
 
 def test_transformer_under_ddp_with_a_non_reentrant_checkpoint_passes(ckcheck, tmp_path):
@@ -246,7 +246,7 @@ LOOPBACK = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1 and ::1
 @pytest.mark.parametrize("engine", ["ddp", "fsdp"])
 def test_the_ranks_listen_on_loopback_only(tmp_path, engine):
     p = subprocess.Popen([ckcheck_bin(), "run", "--model", f"{MODELS}:transformer", "--checkpoint", "torch",
-                          "--parallel", engine, "--world-size", "2", "--timeout", "120"],
+                          "--parallel", engine, "--world-size", "2", "--timeout", "300"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     stop = threading.Event()
@@ -258,7 +258,7 @@ def test_the_ranks_listen_on_loopback_only(tmp_path, engine):
 
     t = threading.Thread(target=watch)
     t.start()
-    out, err = p.communicate(timeout=180)
+    out, err = p.communicate(timeout=420)
     stop.set()
     t.join()
     assert p.returncode == 0, out + err
@@ -276,14 +276,14 @@ def torchrun_nodes(program, node_args, report):
     for node, args in enumerate(node_args):
         argv = [PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank",
                 str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), *program, *args,
-                "--timeout", "120", "--report", f"json={report}"]
+                "--timeout", "300", "--report", f"json={report}"]
         launchers.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True))
     return [_finish(p) for p in launchers]
 
 
 def _finish(p):
-    out, err = p.communicate(timeout=240)
+    out, err = p.communicate(timeout=420)
     return p.returncode, out, err
 
 
@@ -308,7 +308,7 @@ def test_two_torchrun_nodes_give_the_report_of_world_size_two(ckcheck, tmp_path,
     else:
         args = ["--model", "transformer", "--layers", "2", "--batch", "4"]
         program = ["--no-python", ckcheck_bin(), "run"]
-    reference = ckcheck("run", *args, "--world-size", 2, "--timeout", 120)
+    reference = ckcheck("run", *args, "--world-size", 2, "--timeout", 300)
     assert reference.code == 0, reference.out + reference.err
     report = tmp_path / "torchrun.json"
     for code, out, err in torchrun_nodes(program, [args, args], report):

@@ -18,7 +18,7 @@ MODELS = fixture("parallel.py")
 
 
 def diagnose(ckcheck, factory, *extra):
-    return ckcheck("diagnose", "--model", f"{MODELS}:{factory}", "--world-size", 2, "--timeout", 120, *extra)
+    return ckcheck("diagnose", "--model", f"{MODELS}:{factory}", "--world-size", 2, "--timeout", 300, *extra)
 
 
 def _differs(a, b):
@@ -84,7 +84,7 @@ def test_a_cpp_model_on_two_ranks_gets_the_diagnosis_of_one_process(ckcheck, fla
     # so the sites and the first divergent op are those one process finds (the gradients are
     # averaged over the ranks, each rank draws its own masks).
     one = ckcheck("diagnose", "--model", "transformer", "--layers", 3, *flag)
-    two = ckcheck("diagnose", "--model", "transformer", "--layers", 3, "--world-size", 2, "--timeout", 120, *flag)
+    two = ckcheck("diagnose", "--model", "transformer", "--layers", 3, "--world-size", 2, "--timeout", 300, *flag)
     assert two.code == one.code, two.out + two.err
     a, b = one.report["diagnosis"], two.report["diagnosis"]
     assert [(s["site"], s["cause"]) for s in a["sites"]] == [(s["site"], s["cause"]) for s in b["sites"]]
@@ -94,9 +94,9 @@ def test_a_cpp_model_on_two_ranks_gets_the_diagnosis_of_one_process(ckcheck, fla
 
 def test_run_diagnose_on_ranks_adds_the_diagnosis_to_a_failing_run(ckcheck):
     r = ckcheck("run", "--model", f"{MODELS}:transformer_dropout", "--checkpoint", "torch", "--parallel", "ddp",
-                "--world-size", 2, "--timeout", 120, "--no-preserve-rng", "--diagnose")
+                "--world-size", 2, "--timeout", 300, "--no-preserve-rng", "--diagnose")
     assert r.code == 1 and r.report["command"] == "run", r.out + r.err
     assert {s["cause"] for s in r.report["diagnosis"]["sites"]} == {"rng"}
     ok = ckcheck("run", "--model", f"{MODELS}:transformer_dropout", "--checkpoint", "torch", "--parallel", "ddp",
-                 "--world-size", 2, "--timeout", 120, "--diagnose")
+                 "--world-size", 2, "--timeout", 300, "--diagnose")
     assert ok.code == 0 and "diagnosis" not in ok.report, ok.out + ok.err

@@ -923,9 +923,9 @@ class ModelAdapter:
 
     def _own_sites(self, called):
         """--checkpoint model: the units the model's own checkpoint takes. Seen through the
-        checkpoint tap, they are the callables the model hands to the checkpoint; where the model
-        reaches a checkpoint the tap does not see, the modules called again during backward,
-        outermost only."""
+        checkpoint tap, they are the callables the model hands to the checkpoint, which a forward
+        with the switch on meets (nested ones included); where the model reaches a checkpoint the
+        tap does not see, the modules called again during a backward, outermost only."""
         recomputed = []
 
         def record(path):
@@ -941,11 +941,13 @@ class ModelAdapter:
         try:
             with torch.utils.checkpoint.set_checkpoint_early_stop(False):
                 out = self._run_plain()
-                ts = []
-                _float_tensors(self.loss(out) if self.loss else out, ts, set())
-                ts = [t for t in ts if t.requires_grad]
-                if ts:
-                    torch.autograd.backward([t.sum() for t in ts])
+                if not self._units_seen:  # no tapped checkpoint: the recompute shows the units
+                    ts = []
+                    _float_tensors(self.loss(out) if self.loss else out, ts, set())
+                    ts = [t for t in ts if t.requires_grad]
+                    if ts:
+                        torch.autograd.backward([t.sum() for t in ts])
+                del out
         except Exception as e:
             raise UsageError(_failure("the model fails with its own checkpointing on", e)) from e
         finally:

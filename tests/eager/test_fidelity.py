@@ -137,14 +137,22 @@ def test_the_blocks_are_the_children_with_parameters_most_of_a_sequential_share(
     assert named.report["model"]["units"] == ["blocks.block0", "blocks.block1", "blocks.block2"]
 
 
-def test_a_checkpoint_over_a_closure_of_two_modules_has_their_parent_as_unit(ckcheck):
-    r = ckcheck("run", "--model", fixture("fidelity.py:closure_over_two_modules"), "--checkpoint", "model")
+# A checkpoint over a closure of two modules has their parent as unit; a checkpoint written by hand
+# (see below) has the modules its backward runs again.
+@pytest.mark.parametrize("good, bad, units", [
+    ("closure_over_two_modules", "closure_without_rng_replay", ["pairs.0", "pairs.1"]),
+    ("hand_checkpoint", "hand_checkpoint_with_dropout", ["blocks.0", "blocks.1"]),
+])
+def test_the_units_of_the_models_own_checkpoint_are_the_modules_it_recomputes(ckcheck, good, bad, units):
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{good}"), "--checkpoint", "model")
     assert r.code == 0, r.out + r.err
-    assert r.report["model"]["units"] == ["pairs.0", "pairs.1"]
-    # negative control: the same closure without RNG replay fails at that unit
-    bad = ckcheck("run", "--model", fixture("fidelity.py:closure_without_rng_replay"), "--checkpoint", "model")
-    assert bad.code == 1, bad.out + bad.err
-    assert sites_of(bad.check("rng"), "rng") == {"pairs.0", "pairs.1"}, bad.out
+    assert r.report["model"]["units"] == units
+    # negative control: without RNG replay (the closure) or with dropout the hand checkpoint does not
+    # replay, the recompute draws other masks at each unit
+    failing = ckcheck("run", "--model", fixture(f"fidelity.py:{bad}"), "--checkpoint", "model")
+    assert failing.code == 1, failing.out + failing.err
+    assert failing.report["model"]["units"] == units
+    assert sites_of(failing.check("rng"), "rng") == set(units), failing.out
 
 
 @needs_transformers
@@ -358,10 +366,13 @@ def test_an_error_line_has_no_traceback_and_no_path_the_user_did_not_give(ckchec
 
 
 # ---- checkpoints inside checkpoints (timm's MetaFormer: the root checkpoints each stage through a
-# closure, each stage its blocks) -------------------------------------------------------------------
+# closure, each stage its blocks), and a checkpoint written by hand (Megatron-LM's and DeepSpeed's
+# kind: no torch.utils.checkpoint call for the tap to see; its units are the modules the backward
+# runs again) ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("factory, equal", [("nested_checkpoints", True),
-                                            ("nested_checkpoints_without_rng_replay", False)])
-def test_pytorch_alone_nested_own_checkpoints_change_gradients_only_without_rng_replay(factory, equal):
+                                            ("nested_checkpoints_without_rng_replay", False),
+                                            ("hand_checkpoint", True), ("hand_checkpoint_with_dropout", False)])
+def test_pytorch_alone_own_checkpoints_change_gradients_only_without_rng_replay(factory, equal):
     model, x = getattr(_load("fidelity"), factory)()
     model.train()
 

@@ -15,7 +15,7 @@ struct SiteExplanation {
   std::string site;
   Cause cause = Cause::kNonDeterministic;
   std::string evidence;  // one sentence
-  std::string hint;      // the fix where the cause's own hint does not fit ("" otherwise)
+  std::string hint{};    // the fix where the cause's own hint does not fit ("" otherwise)
 };
 
 /// The fix for random ops that a compiled backward recomputes with new random numbers.

@@ -131,24 +131,17 @@ class EvidenceObserver : public CheckpointObserver {
     }
     e.recomputed = true;
     e.versions_recompute = versions_of(inputs);
-    // State the unit reads: its own modules' (a module cannot reach its parent's state, other than
-    // through its arguments, which are watched above).
-    const auto sites = sites_of_unit(c.site);
-    const auto now = state_marks(sites);
+    // State the unit reads (Model::unit_state: its own modules', a shared one's under its first
+    // path; a module cannot reach its parent's state other than through its arguments, which are
+    // watched above), marked at the forward and now.
+    const auto now = state_marks(sites_of_unit(c.site));
     for (const auto& [name, mark] : state_at_forward_[c.id]) {
-      const auto plain = state_display_name(name);
-      // A shared module's state is listed under its first path; the unit may reach it by another.
-      const auto aliases = model_->state_aliases(name);
-      auto reached = [&](const std::string& s) {
-        return site_within(plain, s) || std::any_of(aliases.begin(), aliases.end(), [&](const std::string& a) {
-                 return site_within(state_display_name(a), s);
-               });
-      };
       auto it = now.find(name);
-      if (std::any_of(sites.begin(), sites.end(), reached) && (it == now.end() || it->second != mark)) {
-        e.state_changed.push_back(plain);
-        if (!aliases.empty()) e.state_paths[plain] = aliases.size() + 1;
-      }
+      if (it != now.end() && it->second == mark) continue;
+      const auto plain = state_display_name(name);
+      e.state_changed.push_back(plain);
+      const auto aliases = model_->state_aliases(name);
+      if (!aliases.empty()) e.state_paths[plain] = aliases.size() + 1;
     }
     const auto& prints = entry_prints_[c.id];
     for (size_t i = 0; i < inputs.size(); ++i) {

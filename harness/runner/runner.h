@@ -75,7 +75,7 @@ struct TensorRecord {
   bool requires_grad = false;  // outputs: whether the step's output carried a graph
   // kPartialGradKind: the parameter whose gradient it is and the micro-batch after which it was
   // taken (the name says both, for people; the checks read these).
-  std::string parameter;
+  std::string parameter{};
   int64_t micro_batch = 0;
 };
 

@@ -256,7 +256,9 @@ TEST(ChecksOnRecords, AnotherOpUnderTheSameAutocastStateIsNoAutocastFindingUnles
     if (v == kAutocastLost) c.recompute_autocast[1] = "off";
     const auto r = h.run(*make_check("autocast"));
     EXPECT_EQ(r.status, v == kPath ? Status::kPass : Status::kFail) << r;
-    if (v != kPath) EXPECT_EQ(r.findings.at(0).details.at("op_index"), 1) << r;
+    if (v != kPath) {
+      EXPECT_EQ(r.findings.at(0).details.at("op_index"), 1) << r;
+    }
   }
 }
 
@@ -365,7 +367,7 @@ TEST(ChecksOnRecords, MemoryAndOverheadSkipWhenNotMeasured) {
 TEST(ChecksOnRecords, RanksStartingFromOneRngStateFailAsRng) {
   for (bool same_state : {true, false}) {
     HandBuiltRecords h;
-    h.records.ranks = {{0, 42, true, true, ""}, {1, same_state ? 42u : 43u, true, true, ""}};
+    h.records.ranks = {{0, 42, true, true, "", ""}, {1, same_state ? 42u : 43u, true, true, "", ""}};
     const auto r = h.run(*make_check("rank-rng"));
     if (!same_state) {
       EXPECT_EQ(r.status, Status::kPass) << r;
@@ -379,12 +381,14 @@ TEST(ChecksOnRecords, RanksStartingFromOneRngStateFailAsRng) {
 TEST(ChecksOnRecords, ARankWhoseStepFailedIsNotJudgedForRng) {
   for (bool failed : {true, false}) {
     HandBuiltRecords h;
-    h.records.ranks = {{0, 42, true, true, failed ? "Expected to mark a variable ready only once.\nParameter ..." : ""},
-                       {1, 43, true, true, ""}};
+    h.records.ranks = {{0, 42, true, true, failed ? "Expected to mark a variable ready only once.\nParameter ..." : "", ""},
+                       {1, 43, true, true, "", ""}};
     const auto r = h.run(*make_check("rank-rng"));
     EXPECT_EQ(r.status, failed ? Status::kError : Status::kPass) << r;
     EXPECT_TRUE(r.findings.empty()) << r;
-    if (failed) EXPECT_EQ(r.summary.find('\n'), std::string::npos) << r;
+    if (failed) {
+      EXPECT_EQ(r.summary.find('\n'), std::string::npos) << r;
+    }
   }
 }
 

@@ -66,7 +66,9 @@ void expect_equal(const std::vector<torch::Tensor>& got, const std::vector<torch
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].defined(), want[i].defined()) << i;
-    if (want[i].defined()) EXPECT_TRUE(torch::allclose(got[i], want[i], tol, tol)) << i;
+    if (want[i].defined()) {
+      EXPECT_TRUE(torch::allclose(got[i], want[i], tol, tol)) << i;
+    }
   }
 }
 

@@ -44,7 +44,9 @@ void expect_same_grads(const std::vector<Tensor>& got, const std::vector<Tensor>
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].defined(), want[i].defined()) << what << ": .grad " << i << " defined differs from plain";
-    if (want[i].defined()) EXPECT_TENSORS_EQUAL(got[i], want[i]) << what << ": .grad " << i;
+    if (want[i].defined()) {
+      EXPECT_TENSORS_EQUAL(got[i], want[i]) << what << ": .grad " << i;
+    }
   }
 }
 

@@ -42,7 +42,8 @@ RC_GTEST_PROP(PlanSolver, FindsTheCheapestPlanThatFitsAmongAllSubsets, ()) {
     std::vector<SiteCost> sites;
     for (size_t i = 0; i < n; ++i) {
       SiteCost c;
-      c.site = "s" + std::to_string(i);
+      c.site = "s";
+      c.site += std::to_string(i);  // not "s" + ...: GCC 12 warns of a false overflow there (-Wstringop-overflow)
       c.kept_bytes = *rc::gen::inRange<int64_t>(0, 60);
       c.output_bytes = *rc::gen::inRange<int64_t>(0, 8);
       c.recompute_extra_bytes = *rc::gen::inRange<int64_t>(0, 30);
@@ -83,7 +84,8 @@ RC_GTEST_PROP(PlanSolver, FindsTheCheapestSelectivePlanAmongAllSitesAndOpSubsets
   std::vector<SiteCost> sites;
   for (size_t i = 0; i < n; ++i) {
     SiteCost c;
-    c.site = "s" + std::to_string(i);
+    c.site = "s";
+    c.site += std::to_string(i);  // not "s" + ...: GCC 12 warns of a false overflow there (-Wstringop-overflow)
     c.kept_bytes = *rc::gen::inRange<int64_t>(0, 60);
     c.recompute_extra_bytes = *rc::gen::inRange<int64_t>(0, 30);
     c.recompute_seconds = 0.001 * static_cast<double>(10 + i);  // distinct: no grouping

@@ -464,6 +464,55 @@ def _float_tensors(obj, out, seen):
             _float_tensors(getattr(obj, f.name), out, seen)
 
 
+class _CallArguments:
+    """A module call's arguments: their tensors, nested or not, in pytree's order (the site's
+    inputs), and the arguments again with other tensors in their places. A list or dict whose
+    tensors are all the ones it holds is handed over as the same object, as the model hands it: a
+    list the call appends to or a dict it fills (a cache, auxiliary losses) stays the caller's, not
+    a copy the caller never sees, and a recompute gets it as it is then, as in training. Only where
+    a checkpoint hands the call other tensors (detached ones) is a container made anew."""
+
+    def __init__(self, args, kwargs):
+        # Tuples (named ones too) are opened; lists, dicts and other objects are one leaf each. The
+        # keywords' values in their order are pytree's order of the dict.
+        self._keys = list(kwargs)
+        self._outer, self._spec = pytree.tree_flatten((args, tuple(kwargs.values())), is_leaf=_unopened)
+        self._inner = []  # per outer leaf: (its leaves, its spec) where pytree opens it, else None
+        self.tensors = []
+        for v in self._outer:
+            inner = None
+            if isinstance(v, torch.Tensor):
+                self.tensors.append(v)
+            else:
+                leaves, spec = pytree.tree_flatten(v)
+                if not spec.is_leaf():
+                    inner = (leaves, spec)
+                    self.tensors.extend(t for t in leaves if isinstance(t, torch.Tensor))
+            self._inner.append(inner)
+
+    def with_tensors(self, tensors):
+        """(args, kwargs) with `tensors` (in the order of self.tensors) in place of the call's."""
+        given = iter(tensors)
+        outer = []
+        for v, inner in zip(self._outer, self._inner):
+            if isinstance(v, torch.Tensor):
+                outer.append(next(given))
+            elif inner is None:
+                outer.append(v)
+            else:
+                leaves, spec = inner
+                new = [next(given) if isinstance(x, torch.Tensor) else x for x in leaves]
+                outer.append(v if all(a is b for a, b in zip(new, leaves)) else pytree.tree_unflatten(new, spec))
+        args, values = pytree.tree_unflatten(outer, self._spec)
+        return args, dict(zip(self._keys, values))
+
+
+def _unopened(value):
+    """pytree's is_leaf for _CallArguments: all but tuples. A function of its own: a lambda that
+    closed over the call's arguments kept them alive past the call (peaks measured higher)."""
+    return not isinstance(value, tuple)
+
+
 def _structure(obj, depth=0):
     """What an output is made of, without its values: containers, their keys and the kind of each
     leaf ("CausalLMOutputWithPast{loss: tensor, logits: tensor, past_key_values: DynamicCache}")."""
@@ -836,13 +885,11 @@ class ModelAdapter:
         not, are the site's inputs and outputs."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
         idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        call = _CallArguments(args, kwargs)
         box = {}
 
         def fn(tensors):
-            ls = list(leaves)
-            for i, t in zip(idx, tensors):
-                ls[i] = t
-            a, k = pytree.tree_unflatten(ls, spec)
+            a, k = call.with_tensors(tensors)
             out = forward(*a, **k)
             out_leaves, out_spec = pytree.tree_flatten(out)
             out_idx = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]

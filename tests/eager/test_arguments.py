@@ -1,0 +1,72 @@
+"""A block's arguments reach it as the model passes them: a list the caller hands its blocks (a
+cache they append to, auxiliary losses they collect) is the caller's own object in the checked
+step, not a copy the caller never sees, so what the list does under a checkpoint is what it does in
+training. The truth of each case is PyTorch's alone: the blocks wrapped in torch.utils.checkpoint
+by hand, against the plain step."""
+import importlib.util
+
+import pytest
+import torch
+import torch.utils.checkpoint as tc
+
+from conftest import fixture
+
+
+def _fidelity():
+    spec = importlib.util.spec_from_file_location("ckcheck_fixture_fidelity", fixture("fidelity.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pytorch_step(factory, mode):
+    """Every parameter's gradient of one step, the blocks plain or under torch's checkpoint
+    (mode "torch" or "torch-reentrant"), or the name of the error PyTorch raised."""
+    torch.manual_seed(0)  # the same model and input for both steps
+    model, x = getattr(_fidelity(), factory)()
+    if mode != "plain":
+        for b in model.blocks:
+            b.forward = lambda h, kept, f=b.forward: tc.checkpoint(f, h, kept, use_reentrant=mode == "torch-reentrant")
+    try:
+        model(x).square().sum().backward()
+    except RuntimeError as e:  # torch.utils.checkpoint.CheckpointError is one
+        return type(e).__name__
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+CASES = [
+    # factory, checkpoint, what PyTorch alone does against the plain step
+    ("list_of_aux_losses", "torch", "equal"),  # the recompute appends again, after the loss used the list
+    ("list_of_aux_losses", "torch-reentrant", "differs"),  # the terms were computed without autograd
+    ("list_cache", "torch", "raises"),  # the recompute attends over its own keys twice: other shapes
+    ("list_cache", "torch-reentrant", "raises"),
+    ("list_read_only", "torch", "equal"),
+    ("list_read_only", "torch-reentrant", "equal"),
+]
+
+
+@pytest.mark.parametrize("factory,mode,truth", CASES)
+def test_pytorch_alone(factory, mode, truth):
+    plain, checkpointed = _pytorch_step(factory, "plain"), _pytorch_step(factory, mode)
+    assert isinstance(plain, dict)
+    if truth == "raises":
+        assert isinstance(checkpointed, str), "PyTorch ran the step"
+    else:
+        assert isinstance(checkpointed, dict), checkpointed
+        assert all(torch.equal(plain[n], checkpointed[n]) for n in plain) == (truth == "equal")
+
+
+@pytest.mark.parametrize("factory,mode,truth", CASES)
+def test_a_list_handed_to_the_blocks_is_the_callers_in_the_checked_step(ckcheck, factory, mode, truth):
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", mode)
+    assert r.code == (0 if truth == "equal" else 1), r.out + r.err
+    assert r.report["model"]["units"] == ["blocks.0", "blocks.1"]
+    gradients = r.check("gradients")
+    if truth == "equal":
+        assert gradients["status"] == "pass", r.out
+    elif truth == "raises":
+        assert gradients["summary"] == "the checkpointed step failed where the plain step did not", r.out
+    else:
+        # Each recompute reproduced its forward: the terms the blocks left in the list lost their graph.
+        assert r.check("determinism")["status"] == "pass", r.out
+        assert {f["cause"] for f in gradients["findings"]} == {"reentrant-no-grad"}, r.out

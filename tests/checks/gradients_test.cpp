@@ -115,6 +115,22 @@ TEST(GradientsCheck, AnOutputWithItsGraphKeptIsNotReentrantNoGrad) {
   EXPECT_FALSE(has_cause(r, Cause::kReentrantNoGrad)) << r;
 }
 
+// Every recompute reproduced its forward and the hooks fired alike, yet a gradient differs after a
+// forward run without autograd: a tensor made inside it and used outside (an auxiliary loss in a
+// list) lost its graph. A hook that fired again is the other way, so then nothing is named.
+TEST(GradientsCheck, AFaithfulNoGradForwardWithHooksAlikeIsReentrantNoGradUnlessAHookFiredAgain) {
+  for (const int64_t fires : {1, 2}) {
+    Records rec(1e-2);
+    rec.records.checkpointed.calls.front().forward_no_grad = true;
+    rec.records.reference.hooks = {{"w", 1, 1, 1}};
+    rec.records.checkpointed.hooks = {{"w", 1, fires, 1}};
+    const auto r = rec.run();
+    EXPECT_EQ(r.status, Status::kFail) << r;
+    EXPECT_EQ(has_cause(r, Cause::kReentrantNoGrad), fires == 1) << r;
+    EXPECT_EQ(has_cause(r, Cause::kUnexplained), fires == 2) << r;
+  }
+}
+
 // PyTorch's own errors in the checkpointed step, by their messages (each also triggered for real
 // in tests/eager/test_fidelity.py).
 TEST(GradientsCheck, PytorchErrorsInTheCheckpointedStepNameTheirCause) {

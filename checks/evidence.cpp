@@ -237,6 +237,17 @@ bool is_gradient(const std::string& kind) {
   return kind.rfind("param-grad", 0) == 0 || kind == "input-grad";  // and the kinds of param-grad (partial sums)
 }
 
+// The unit whose checkpointed forward ran without autograd: `tensor`'s own unit when it is one of
+// them, else the first ("" when none did).
+std::string no_grad_forward_site(const CheckContext& ctx, const std::string& tensor) {
+  const auto own = owning_unit(ctx.plan, tensor);
+  std::string site;
+  for (const auto& c : ctx.records.checkpointed.calls) {
+    if (c.forward_no_grad && (site.empty() || c.site == own)) site = c.site;
+  }
+  return site;
+}
+
 }  // namespace
 
 std::optional<SiteExplanation> graph_lost_in_no_grad_forward(const CheckContext& ctx, const std::string& tensor) {
@@ -247,17 +258,27 @@ std::optional<SiteExplanation> graph_lost_in_no_grad_forward(const CheckContext&
     if (other && !other->requires_grad) lost.push_back(t.name);
   }
   if (lost.empty()) return std::nullopt;
-  const auto own = owning_unit(ctx.plan, tensor);
-  std::string site;
-  for (const auto& c : ctx.records.checkpointed.calls) {
-    if (!c.forward_no_grad) continue;
-    if (site.empty() || c.site == own) site = c.site;
-  }
+  const auto site = no_grad_forward_site(ctx, tensor);
   if (site.empty()) return std::nullopt;
   return SiteExplanation{site, Cause::kReentrantNoGrad,
                          fmt::format("{} {} a graph without checkpointing and none with it: the checkpointed forward "
                                      "ran without autograd, so what was kept from inside it has no gradient",
                                      fmt::join(lost, ", "), lost.size() == 1 ? "has" : "have")};
+}
+
+std::optional<SiteExplanation> kept_from_no_grad_forward(const CheckContext& ctx, const std::string& tensor) {
+  const auto& hooks = ctx.records.checkpointed.hooks;
+  const bool alike = !hooks.empty() && std::all_of(hooks.begin(), hooks.end(), [&](const HookCount& h) {
+    return h.fires == plain_fires(ctx, h);
+  });
+  const auto site = alike ? no_grad_forward_site(ctx, tensor) : std::string();
+  if (site.empty()) return std::nullopt;
+  return SiteExplanation{site, Cause::kReentrantNoGrad,
+                         fmt::format("every recompute reproduced its forward bitwise, yet {} differs, and the "
+                                     "checkpointed forward ran without autograd: a tensor computed inside it and used "
+                                     "outside (an auxiliary loss collected in a list, features kept by a hook) has "
+                                     "no graph, so no gradient flows back through it",
+                                     tensor)};
 }
 
 namespace {

@@ -64,6 +64,14 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx);
 /// so (`tensor`'s own unit when it is one of them) and the outputs that lost their graph.
 std::optional<SiteExplanation> graph_lost_in_no_grad_forward(const CheckContext& ctx, const std::string& tensor);
 
+/// For a step whose every recompute reproduced its forward and whose gradient still differs: when
+/// a checkpointed forward ran without autograd (a reentrant checkpoint) and every parameter's
+/// gradient hook fired as in the plain step (counted; a hook that changes gradients and fires
+/// again is the other way such a step differs), what was lost is the graph of a tensor computed
+/// inside the forward and used outside it (an auxiliary loss the model collects, features kept by a
+/// hook), whose value is the same with and without checkpointing. The unit as above.
+std::optional<SiteExplanation> kept_from_no_grad_forward(const CheckContext& ctx, const std::string& tensor);
+
 /// How many epsilons of a gradient's largest value a different summation order may move it.
 constexpr double kReassociationEps = 1024.0;
 

@@ -57,35 +57,6 @@ struct StepEvidence {
   std::vector<std::string> offload_changed;  // --offload: tensors the offload's hooks change in the plain step
 };
 
-// Every recompute reproduced its forward, yet a gradient differs, and the checkpointed forwards ran
-// without autograd (a reentrant checkpoint): the ops recomputed in the backward are the forward's, so
-// what is lost is a graph the forward did not make -- of a tensor computed inside a checkpointed call
-// and used outside it, whose value is the same with and without checkpointing (an auxiliary loss the
-// model collects, features kept by a hook). Only where every parameter's gradient hook fired as
-// often as in the plain step (counted): a hook that changes gradients and fires again is the other
-// way such a step differs. The site: `tensor`'s own unit when it ran so, else the first.
-std::optional<SiteExplanation> kept_from_no_grad_forward(const CheckContext& ctx, const std::string& tensor) {
-  const auto& plain = ctx.records.reference.hooks;
-  const auto& checkpointed = ctx.records.checkpointed.hooks;
-  if (plain.empty() || checkpointed.size() != plain.size()) return std::nullopt;
-  for (const auto& h : checkpointed) {
-    const auto it = std::find_if(plain.begin(), plain.end(), [&](const HookCount& p) { return p.same_point(h); });
-    if (it == plain.end() || it->fires != h.fires) return std::nullopt;
-  }
-  const auto own = owning_unit(ctx.plan, tensor);
-  std::string site;
-  for (const auto& c : ctx.records.checkpointed.calls) {
-    if (c.forward_no_grad && (site.empty() || c.site == own)) site = c.site;
-  }
-  if (site.empty()) return std::nullopt;
-  return SiteExplanation{site, Cause::kReentrantNoGrad,
-                         fmt::format("every recompute reproduced its forward bitwise, yet {} differs, and the "
-                                     "checkpointed forward ran without autograd: a tensor computed inside it and used "
-                                     "outside (an auxiliary loss collected in a list, features kept by a hook) has "
-                                     "no graph, so no gradient flows back through it",
-                                     tensor)};
-}
-
 // The cause and site of one differing tensor, and the evidence for it, in words.
 Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidence& step, std::string& evidence) {
   const auto& explained = step.explained;

@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
@@ -479,8 +481,12 @@ Upstream upstream_of(const std::vector<Tensor>& outs, uint64_t seed, int64_t ste
   return u;
 }
 
-// Gradient hooks on the parameters, as data-parallel training registers them: counts the
-// firings, and lets the participant see each gradient as it is ready. Removed when destroyed.
+// Gradient hooks on the parameters where data-parallel training registers them: after their
+// gradient accumulators (DDP's reducer adds its hooks there), so a hook fires each time autograd
+// adds to a parameter's .grad. A tensor hook would also fire for a gradient that
+// torch.autograd.grad captures without accumulating it (the inner grad() of a hand-written
+// checkpoint), which DDP never sees. Counts the firings, and lets the participant see each
+// incoming gradient. Removed when destroyed.
 class ParameterHooks {
  public:
   ParameterHooks(const NamedTensors& params, StepParticipant& part, bool count)
@@ -488,15 +494,20 @@ class ParameterHooks {
     part.begin_backward(params);
     if (!count && !part.watches_gradients()) return;
     for (size_t k = 0; k < params.size(); ++k) {
-      if (!params[k].second.requires_grad()) continue;
-      hooks_.emplace_back(k, params[k].second.register_hook([k, &part, this](const Tensor& g) {
-        ++fires_[k];
-        part.gradient_ready(k, g);
-      }));
+      // A parameter is a leaf; the accumulator is held so that the hook outlives no graph.
+      if (!params[k].second.requires_grad() || !params[k].second.is_leaf()) continue;
+      auto acc = torch::autograd::impl::grad_accumulator(params[k].second);
+      const auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [k, &part, this](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list& inputs) {
+            ++fires_[k];
+            part.gradient_ready(k, inputs.at(0));
+            return outputs;
+          }));
+      hooks_.push_back({std::move(acc), key});
     }
   }
   ~ParameterHooks() {
-    for (const auto& [k, h] : hooks_) params_[k].second.remove_hook(h);
+    for (const auto& [acc, key] : hooks_) acc->del_post_hook(key);
   }
   ParameterHooks(const ParameterHooks&) = delete;
   ParameterHooks& operator=(const ParameterHooks&) = delete;
@@ -514,7 +525,7 @@ class ParameterHooks {
  private:
   const NamedTensors& params_;
   std::vector<int64_t> fires_;
-  std::vector<std::pair<size_t, unsigned>> hooks_;
+  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
 };
 
 Tensor copy_of(const Tensor& t) { return t.defined() ? t.detach().clone() : Tensor(); }

@@ -2,8 +2,10 @@
 data-parallel tests compare ckcheck's verdicts with.
 
 python ddp_truth.py FIXTURE_FILE FACTORY CHECKPOINT OUT.json, with RANK, WORLD_SIZE and
-MASTER_PORT set; CHECKPOINT is none, torch, torch-no-rng (preserve_rng_state=False) or
-torch-reentrant (every block of model.blocks under torch.utils.checkpoint). Two training steps on this rank's shard of the factory's batch; writes
+MASTER_PORT set; CHECKPOINT is none, model (the model's own switch,
+gradient_checkpointing_enable()), torch, torch-no-rng (preserve_rng_state=False) or
+torch-reentrant (every block of model.blocks under torch.utils.checkpoint). Two training steps on
+this rank's shard of the factory's batch; writes
 {"error": the first error, "grads": {name: gradient as a list, or null}} of the first step.
 """
 
@@ -44,7 +46,9 @@ def main(path, factory, mode, out):
         model, x, options = made["model"], made["inputs"], made.get("ddp", {})
     else:
         (model, x), options = made, {}
-    if mode != "none":
+    if mode == "model":
+        model.gradient_checkpointing_enable()
+    elif mode != "none":
         for i, block in enumerate(model.blocks):
             model.blocks[i] = Checkpointed(block, mode == "torch-reentrant", mode != "torch-no-rng")
     rank, world = join()

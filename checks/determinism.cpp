@@ -45,8 +45,8 @@ Finding stateful_finding(const UnitProbe& p) {
   f.tensor = named.empty() ? "" : named.front();
   f.details = {{"changed_state", named}};
   f.message = named.empty()
-                  ? "the site changes state kept outside the model (a global, a closure's cache, a generator "
-                    "of its own), so a second call computes something else"
+                  ? "the site changes state kept outside the model (a list or dict it is handed, a global, a "
+                    "closure's cache, a generator of its own), so a second call computes something else"
                   : fmt::format("the site changes its own state ({}) on every call, so the "
                                 "recompute computes something else than the forward",
                                 fmt::join(named, ", "));

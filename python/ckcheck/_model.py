@@ -506,6 +506,34 @@ class _CallArguments:
         args, values = pytree.tree_unflatten(outer, self._spec)
         return args, dict(zip(self._keys, values))
 
+    def containers(self):
+        """The lists and dicts the call is handed, and those inside them: what it may append to or
+        fill (state the call keeps outside the model)."""
+        found, seen, todo = [], set(), list(self._outer)
+        while todo:
+            v = todo.pop()
+            if isinstance(v, (list, dict)) and id(v) not in seen:
+                seen.add(id(v))
+                found.append(v)
+                todo.extend(v.values() if isinstance(v, dict) else v)
+            elif isinstance(v, tuple):
+                todo.extend(v)
+        return found
+
+
+def _container_contents(containers):
+    """What each list or dict holds now (its items, not copies of them), to be put back."""
+    return [(c, list(c) if isinstance(c, list) else dict(c)) for c in containers]
+
+
+def _put_back_contents(contents):
+    for c, items in contents:
+        if isinstance(c, list):
+            c[:] = items
+        else:
+            c.clear()
+            c.update(items)
+
 
 def _unopened(value):
     """pytree's is_leaf for _CallArguments: all but tuples. A function of its own: a lambda that
@@ -551,7 +579,7 @@ class ModelAdapter:
         self.checkpoint_reason = reason
         self._call_site = None
         self._recording = None
-        self._structures = []  # (leaves, spec, tensor positions) of the site calls under way
+        self._structures = []  # (leaves, spec, tensor positions, _CallArguments) of the site calls under way
         self._paths = {}
         self._names = {}  # id(module) -> path
         self._tied = None  # see _tied_tensors()
@@ -897,7 +925,7 @@ class ModelAdapter:
                 box["out"] = (out_leaves, out_spec, out_idx)
             return [out_leaves[i] for i in out_idx]
 
-        self._structures.append((leaves, spec, idx))
+        self._structures.append((leaves, spec, idx, call))
         try:
             ys = call_site(path, fn, [leaves[i] for i in idx])
         finally:
@@ -1027,7 +1055,7 @@ class ModelAdapter:
         its end (it changes no value, only how much is recomputed)."""
         import torch.utils.checkpoint as tc
 
-        leaves, spec, idx = self._structures[-1]
+        leaves, spec, idx, _ = self._structures[-1]
 
         def structured(*a, **k):
             flat, _ = pytree.tree_flatten((a, k))
@@ -1284,11 +1312,15 @@ class ModelAdapter:
             buffers = {n: b.detach().clone() for n, b in self.module.named_buffers()}
         attrs = {full: (m, key, _copy_value(getattr(m, key))) for path, m, key, full in self._attributes()}
         modes = {path: m.training for path, m in self.module.named_modules()}
-        return params, buffers, attrs, modes, _host_generators()
+        # Taken inside a call (the determinism probe runs a unit again from here): the lists and
+        # dicts the calls under way were handed are state too (a cache a block appends to).
+        handed = _container_contents(c for *_, call in self._structures for c in call.containers())
+        return params, buffers, attrs, modes, _host_generators(), handed
 
     def restore(self, snap):
-        params, buffers, attrs, modes, host = snap
+        params, buffers, attrs, modes, host, handed = snap
         _set_host_generators(host)
+        _put_back_contents(handed)
         with torch.no_grad():
             for n, p in self.module.named_parameters():
                 if n in params:

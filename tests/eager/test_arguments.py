@@ -64,8 +64,13 @@ def test_a_list_handed_to_the_blocks_is_the_callers_in_the_checked_step(ckcheck,
     gradients = r.check("gradients")
     if truth == "equal":
         assert gradients["status"] == "pass", r.out
+        assert r.check("determinism")["status"] == "pass", r.out
     elif truth == "raises":
         assert gradients["summary"] == "the checkpointed step failed where the plain step did not", r.out
+        # The determinism probe runs a unit again from the list as it was handed: the block repeats
+        # itself from there and not from the list it grew, which is state kept outside the model.
+        for check in ("gradients", "determinism"):
+            assert {f["cause"] for f in r.check(check)["findings"]} == {"stateful"}, r.out
     else:
         # Each recompute reproduced its forward: the terms the blocks left in the list lost their graph.
         assert r.check("determinism")["status"] == "pass", r.out

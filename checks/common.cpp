@@ -229,8 +229,11 @@ CheckResult checkpointed_failed(const std::string& id, const CheckContext& ctx, 
     f.site = explained.empty() ? site_of_pytorch_error(ctx, f.cause) : explained.front().site;
     f.message += "; " + meaning->evidence;
   } else {
-    f.cause = explained.front().cause;
-    f.site = explained.front().site;
+    const auto& e = explained.front();
+    f.cause = e.cause;
+    f.site = e.site;
+    f.hint = e.hint;
+    if (!e.evidence.empty()) f.message += "; " + e.evidence;
   }
   add_finding(r, f);
   r.status = Status::kFail;

@@ -45,11 +45,21 @@ Finding stateful_finding(const UnitProbe& p) {
   f.tensor = named.empty() ? "" : named.front();
   f.details = {{"changed_state", named}};
   f.message = named.empty()
-                  ? "the site changes state kept outside the model (a list or dict it is handed, a global, a "
-                    "closure's cache, a generator of its own), so a second call computes something else"
+                  ? "the site changes state kept outside the model (a list, dict or cache object it is handed, a "
+                    "global, a closure's cache, a generator of its own), so a second call computes something else"
                   : fmt::format("the site changes its own state ({}) on every call, so the "
                                 "recompute computes something else than the forward",
                                 fmt::join(named, ", "));
+  if (const auto handed = handed_state_change(p); !handed.empty()) {
+    f.tensor = p.handed_state.front();
+    f.details["handed_state"] = p.handed_state;
+    f.message = handed;
+    f.hint = kHandedStateHint;
+  }
+  if (!p.repeat_error.empty()) {
+    f.details["repeat_error"] = first_line(p.repeat_error);
+    f.message += fmt::format(" (a second call throws: {})", first_line(p.repeat_error));
+  }
   return f;
 }
 

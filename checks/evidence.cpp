@@ -36,6 +36,17 @@ const char* const kHostGeneratorHint =
     "draw the random numbers with torch (torch.rand, torch.randn, torch.bernoulli: the checkpoint replays "
     "torch's RNG state), or draw them outside the checkpointed segment and pass them in";
 
+std::string handed_state_change(const UnitProbe& probe) {
+  if (probe.handed_state.empty()) return "";
+  return fmt::format("the site changes what it is handed ({}) on every call, as a cache it appends to, so the "
+                     "recompute finds it changed and computes something else than the forward",
+                     fmt::join(probe.handed_state, ", "));
+}
+
+const char* const kHandedStateHint =
+    "keep what the unit appends to out of the checkpointed step: turn the cache off while training "
+    "(use_cache=False for a Hugging Face model), or leave this unit out of checkpointing";
+
 Cause dtype_cause(const CheckContext& ctx) {
   return ctx.config.amp == Amp::kOff && engine_mixed_precision(ctx.config.data_parallel) != "off" ? Cause::kRecomputeDtype
                                                                                                   : Cause::kAutocast;
@@ -180,6 +191,8 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
         found = SiteExplanation{site, dtype_cause(ctx), "the recompute runs its ops in other dtypes than the forward"};
       } else if (auto host = host_generator_draws(probe); !host.empty()) {
         found = SiteExplanation{site, Cause::kRng, std::move(host), kHostGeneratorHint};
+      } else if (probe && !probe->repeat_equal && probe->restart_equal && !probe->handed_state.empty()) {
+        found = SiteExplanation{site, Cause::kStateful, handed_state_change(*probe), kHandedStateHint};
       } else if (probe && !probe->repeat_equal && probe->restart_equal) {
         found = SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
       } else if (probe && !probe->restart_equal) {

@@ -33,6 +33,13 @@ std::string host_generator_draws(const UnitProbe* probe);
 /// The fix for a unit that draws from generators outside torch.
 extern const char* const kHostGeneratorHint;
 
+/// When the unit's first call changed what it is handed (a list it appends to, a cache object
+/// whose attributes it rebinds): the sentence that names those arguments; "" otherwise.
+std::string handed_state_change(const UnitProbe& probe);
+
+/// The fix for a unit that changes what it is handed.
+extern const char* const kHandedStateHint;
+
 /// The cause of a recompute in other dtypes than its forward: recompute-dtype where the engine
 /// casts the parameters (FSDP2's mixed precision) and AMP is off, else autocast.
 Cause dtype_cause(const CheckContext& ctx);

@@ -315,6 +315,11 @@ class PythonModel : public Model, public ParallelEngine {
     return adapter_.attr("host_generators")().cast<std::vector<std::pair<std::string, std::string>>>();
   }
 
+  std::vector<std::pair<std::string, std::string>> handed_state() const override {
+    IntoPython gil;
+    return adapter_.attr("handed_state")().cast<std::vector<std::pair<std::string, std::string>>>();
+  }
+
   std::vector<std::string> eval_modules() const override {
     IntoPython gil;
     return adapter_.attr("eval_modules")().cast<std::vector<std::string>>();

@@ -981,6 +981,18 @@ namespace {
 // changes only now and then, at four extra calls per checkpointed unit.
 constexpr int kRestarts = 4;
 
+using Digests = std::vector<std::pair<std::string, std::string>>;
+
+// The names whose digest changed from `before` to `after`, or that are new.
+std::vector<std::string> changed_digests(const Digests& before, const Digests& after) {
+  std::vector<std::string> changed;
+  for (const auto& [name, digest] : after) {
+    const auto it = std::find_if(before.begin(), before.end(), [&](const auto& b) { return b.first == name; });
+    if (it == before.end() || it->second != digest) changed.push_back(name);
+  }
+  return changed;
+}
+
 // Runs the forward plainly, but at each checkpointed unit repeats the unit on the inputs it got
 // (see UnitProbe) before letting the forward go on.
 class ProbeSiteRunner : public UnitSiteRunner {
@@ -1037,12 +1049,11 @@ class ProbeSiteRunner : public UnitSiteRunner {
       std::map<std::string, Tensor> before;
       for (const auto& [name, t] : model_.state_tensors()) before.emplace(name, copy_of(t));
       const auto host_before = model_.host_generators();
+      const auto handed_before = model_.handed_state();
       auto a = once(fn, inputs, &p.random_ops, &p.private_generator);
       p.rng_consumed = RngState::capture() != r0;
-      for (const auto& [name, digest] : model_.host_generators()) {
-        const auto it = std::find_if(host_before.begin(), host_before.end(), [&](const auto& h) { return h.first == name; });
-        if (it == host_before.end() || it->second != digest) p.host_generators.push_back(name);
-      }
+      p.host_generators = changed_digests(host_before, model_.host_generators());
+      p.handed_state = changed_digests(handed_before, model_.handed_state());
       for (const auto& [name, t] : model_.state_tensors()) {
         const auto it = before.find(name);
         // Undefined is state too (an attribute that is None) and equals only itself; state the
@@ -1050,8 +1061,15 @@ class ProbeSiteRunner : public UnitSiteRunner {
         if (it == before.end() || !compare_tensors(it->second, t, Tolerance()).equal) p.changed_state.push_back(name);
       }
       r0.restore();
-      auto b = once(fn, inputs, nullptr, nullptr);
-      auto [repeat_eq, d1] = same(a, b);
+      // A second call that throws from the state the first left (a cache it appends to, of
+      // another length now) differs from it; the restarts say whether the state is the cause.
+      std::vector<Tensor> b;
+      try {
+        b = once(fn, inputs, nullptr, nullptr);
+      } catch (const std::exception& e) {
+        p.repeat_error = message_of(e);
+      }
+      auto [repeat_eq, d1] = p.repeat_error.empty() ? same(a, b) : std::pair<bool, double>{false, 0.0};
       p.repeat_equal = repeat_eq;
       p.max_abs_diff = d1;
       // Calls from the restored state: any difference means the unit is non-deterministic. A
@@ -1069,7 +1087,7 @@ class ProbeSiteRunner : public UnitSiteRunner {
           p.other_outputs = c;
         }
       }
-      if (!repeat_eq && p.restart_equal) {
+      if (!repeat_eq && p.restart_equal && p.repeat_error.empty()) {
         p.first_outputs = a;
         p.other_outputs = b;
       }

@@ -151,9 +151,11 @@ struct UnitProbe {
   bool private_generator = false;          // one of them used a non-default generator
   bool rng_consumed = false;               // the default generators moved during the call
   std::vector<std::string> host_generators;  // generators outside torch the call moved (numpy.random)
+  std::vector<std::string> handed_state;     // arguments whose contents the call changed (a cache)
   // The first call's outputs and those of the call that differed from them (restart, or repeat
   // when the restart was equal), so a check can apply its own tolerance.
   std::vector<torch::Tensor> first_outputs, other_outputs;
+  std::string repeat_error;  // what the second call threw, where it threw and the restarts did not
   std::string error;
 };
 

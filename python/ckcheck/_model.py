@@ -21,6 +21,7 @@ import functools
 import itertools
 import importlib
 import importlib.util
+import inspect
 import os
 import random
 import sys
@@ -472,10 +473,11 @@ class _CallArguments:
     a copy the caller never sees, and a recompute gets it as it is then, as in training. Only where
     a checkpoint hands the call other tensors (detached ones) is a container made anew."""
 
-    def __init__(self, args, kwargs):
+    def __init__(self, args, kwargs, forward=None):
         # Tuples (named ones too) are opened; lists, dicts and other objects are one leaf each. The
         # keywords' values in their order are pytree's order of the dict.
         self._keys = list(kwargs)
+        self._forward, self._args, self._kwargs = forward, args, kwargs
         self._outer, self._spec = pytree.tree_flatten((args, tuple(kwargs.values())), is_leaf=_unopened)
         self._inner = []  # per outer leaf: (its leaves, its spec) where pytree opens it, else None
         self.tensors = []
@@ -506,33 +508,98 @@ class _CallArguments:
         args, values = pytree.tree_unflatten(outer, self._spec)
         return args, dict(zip(self._keys, values))
 
-    def containers(self):
-        """The lists and dicts the call is handed, and those inside them: what it may append to or
-        fill (state the call keeps outside the model)."""
-        found, seen, todo = [], set(), list(self._outer)
-        while todo:
-            v = todo.pop()
-            if isinstance(v, (list, dict)) and id(v) not in seen:
-                seen.add(id(v))
-                found.append(v)
-                todo.extend(v.values() if isinstance(v, dict) else v)
-            elif isinstance(v, tuple):
-                todo.extend(v)
-        return found
+    def handed_state(self):
+        """Each argument that holds state the call may change -- the lists, dicts and objects (a
+        Hugging Face Cache) in it, nested or not, that the call may append to, fill or rebind an
+        attribute of: (its name, the argument, those lists, dicts and objects)."""
+        out = []
+        for name, value in itertools.chain(zip(self._positional_names(), self._args), self._kwargs.items()):
+            kept = _kept_in(value)
+            if kept:
+                out.append((name, value, kept))
+        return out
+
+    def _positional_names(self):
+        """The names of the positional arguments in the called forward's signature ("argument 2"
+        past its named ones, or where it has no signature)."""
+        try:
+            params = inspect.signature(self._forward).parameters.values()
+        except (TypeError, ValueError):
+            params = ()
+        named = [p.name for p in params
+                 if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        return [named[i] if i < len(named) else f"argument {i}" for i in range(len(self._args))]
 
 
-def _container_contents(containers):
-    """What each list or dict holds now (its items, not copies of them), to be put back."""
-    return [(c, list(c) if isinstance(c, list) else dict(c)) for c in containers]
+def _kept_in(value):
+    """The lists, dicts and objects `value` is or holds, tuples opened. Tensors and modules are not
+    opened (the model's own state is snapshotted apart); nor are callables. At most _HANDED_MAX."""
+    found, seen, todo = [], set(), [value]
+    while todo and len(found) < _HANDED_MAX:
+        v = todo.pop()
+        if isinstance(v, tuple):
+            todo.extend(v)
+            continue
+        if id(v) in seen or not _kept_state(v):
+            continue
+        seen.add(id(v))
+        found.append(v)
+        held = _held(v)
+        todo.extend(held if isinstance(held, list) else held.values())
+    return found
+
+
+_HANDED_MAX = 10000
+
+
+def _kept_state(v):
+    """Whether a call may keep state in `v`: a list, a dict, or an object with attributes of its
+    own that is no tensor, module, class or callable."""
+    if isinstance(v, (list, dict)):
+        return True
+    if isinstance(v, (torch.Tensor, torch.nn.Module, type)) or callable(v):
+        return False
+    return isinstance(getattr(v, "__dict__", None), dict)
+
+
+def _held(v):
+    """What a list, dict or object holds: the list itself, the dict itself, the object's attributes."""
+    return v if isinstance(v, (list, dict)) else vars(v)
+
+
+def _held_digest(kept):
+    """A digest of what lists, dicts and objects hold: which items, by identity, and each tensor's
+    version (the snapshot that holds the old items keeps their identities from being reused)."""
+    parts = []
+    for c in kept:
+        held = _held(c)
+        items = enumerate(held) if isinstance(held, list) else held.items()
+        parts.append(tuple((k, id(v), _version_of(v)) for k, v in items))
+    return str(hash(tuple(parts)))
+
+
+def _version_of(v):
+    """A tensor's version counter (-1 for anything else, and for an inference tensor, which keeps none)."""
+    try:
+        return v._version if isinstance(v, torch.Tensor) else -1
+    except RuntimeError:
+        return -1
+
+
+def _container_contents(kept):
+    """What each list, dict or object holds now (its items or attributes, not copies of them), to
+    be put back."""
+    return [(c, list(_held(c)) if isinstance(c, list) else dict(_held(c))) for c in kept]
 
 
 def _put_back_contents(contents):
     for c, items in contents:
-        if isinstance(c, list):
-            c[:] = items
+        held = _held(c)
+        if isinstance(held, list):
+            held[:] = items
         else:
-            c.clear()
-            c.update(items)
+            held.clear()
+            held.update(items)
 
 
 def _unopened(value):
@@ -913,7 +980,7 @@ class ModelAdapter:
         not, are the site's inputs and outputs."""
         leaves, spec = pytree.tree_flatten((args, kwargs))
         idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-        call = _CallArguments(args, kwargs)
+        call = _CallArguments(args, kwargs, forward)
         box = {}
 
         def fn(tensors):
@@ -1306,15 +1373,26 @@ class ModelAdapter:
                 if _host_generator(getattr(m, key))]
         return _host_generator_digests() + kept
 
+    def _handed(self):
+        """(name, argument, the lists, dicts and objects it holds) for each argument of the site
+        calls under way that holds any."""
+        return [h for *_, call in self._structures for h in call.handed_state()]
+
+    def handed_state(self):
+        """Each argument of the site calls under way that holds lists, dicts or objects, named with
+        its type, and a digest of what they hold: a unit whose call changes one keeps state outside
+        the model (a cache it appends to)."""
+        return [(f"{name}: {type(value).__name__}", _held_digest(kept)) for name, value, kept in self._handed()]
+
     def snapshot(self):
         with torch.no_grad():
             params = {n: p.detach().clone() for n, p in self.module.named_parameters()}
             buffers = {n: b.detach().clone() for n, b in self.module.named_buffers()}
         attrs = {full: (m, key, _copy_value(getattr(m, key))) for path, m, key, full in self._attributes()}
         modes = {path: m.training for path, m in self.module.named_modules()}
-        # Taken inside a call (the determinism probe runs a unit again from here): the lists and
-        # dicts the calls under way were handed are state too (a cache a block appends to).
-        handed = _container_contents(c for *_, call in self._structures for c in call.containers())
+        # Taken inside a call (the determinism probe runs a unit again from here): the lists, dicts
+        # and objects the calls under way were handed are state too (a cache a block appends to).
+        handed = _container_contents(c for _, _, kept in self._handed() for c in kept)
         return params, buffers, attrs, modes, _host_generators(), handed
 
     def restore(self, snap):

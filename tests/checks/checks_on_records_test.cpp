@@ -132,6 +132,26 @@ TEST(ChecksOnRecords, ASiteThatRepeatsOnlyFromARestartFailsAsStateful) {
   EXPECT_EQ(r.findings[0].tensor, "blocks.0.calls");
 }
 
+// A unit that appends to a cache it is handed: named by its argument, with the fix for a cache, and
+// a second call that throws (the cache of another length now) is that evidence too. The same probe
+// without handed state keeps the generic stateful fix (the negative control).
+TEST(ChecksOnRecords, AUnitThatChangesWhatItIsHandedIsStatefulNamingTheArgument) {
+  for (bool handed : {false, true}) {
+    HandBuiltRecords h;
+    auto& p = h.probe("layers.0");
+    p.repeat_equal = false;
+    p.repeat_error = "RuntimeError: The size of tensor a (32) must match the size of tensor b (16)";
+    if (handed) p.handed_state = {"past_key_values: DynamicCache"};
+    const auto r = h.run(*make_check("determinism"));
+    ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kStateful}) << r;
+    const auto& f = r.findings[0];
+    EXPECT_NE(f.message.find("a second call throws: RuntimeError: The size of tensor a"), std::string::npos) << f.message;
+    EXPECT_EQ(f.tensor, handed ? "past_key_values: DynamicCache" : "");
+    EXPECT_EQ(f.message.find("past_key_values: DynamicCache") != std::string::npos, handed) << f.message;
+    EXPECT_EQ(f.hint.find("use_cache=False") != std::string::npos, handed) << f.hint;
+  }
+}
+
 // A recompute that differed where the step shows nothing of it (a member the unit sets and reads
 // again, added past every saved tensor) warns; the same unit with a gradient off fails.
 TEST(ChecksOnRecords, AStatefulSiteWarnsWhenTheStepIsUnchangedAndFailsWhenItIsNot) {

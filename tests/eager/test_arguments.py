@@ -3,6 +3,7 @@ cache they append to, auxiliary losses they collect) is the caller's own object 
 step, not a copy the caller never sees, so what the list does under a checkpoint is what it does in
 training. The truth of each case is PyTorch's alone: the blocks wrapped in torch.utils.checkpoint
 by hand, against the plain step."""
+import functools
 import importlib.util
 
 import pytest
@@ -40,6 +41,8 @@ CASES = [
     ("list_of_aux_losses", "torch-reentrant", "differs"),  # the terms were computed without autograd
     ("list_cache", "torch", "raises"),  # the recompute attends over its own keys twice: other shapes
     ("list_cache", "torch-reentrant", "raises"),
+    ("object_cache", "torch", "raises"),  # the same with the keys in an attribute of a cache object
+    ("object_cache", "torch-reentrant", "raises"),
     ("list_read_only", "torch", "equal"),
     ("list_read_only", "torch-reentrant", "equal"),
 ]
@@ -75,3 +78,50 @@ def test_a_list_handed_to_the_blocks_is_the_callers_in_the_checked_step(ckcheck,
         # Each recompute reproduced its forward: the terms the blocks left in the list lost their graph.
         assert r.check("determinism")["status"] == "pass", r.out
         assert {f["cause"] for f in gradients["findings"]} == {"reentrant-no-grad"}, r.out
+
+
+# ---- a Hugging Face decoder run with use_cache=True under a checkpoint the user wraps its layers in
+# (FSDP's apply_activation_checkpointing, torch.utils.checkpoint by hand): each layer appends to the
+# DynamicCache it is handed, and the recompute appends again ----------------------------------------
+has_transformers = importlib.util.find_spec("transformers") is not None
+needs_transformers = pytest.mark.skipif(not has_transformers, reason="transformers is not installed")
+
+
+def _gpt2(factory, mode):
+    """PyTorch alone: the loss's backward of GPT-2 with its layers wrapped in torch's checkpoint
+    (mode "torch" or "torch-reentrant"), or the error it raised ("" when it ran)."""
+    spec = importlib.util.spec_from_file_location("ckcheck_fixture_gpt2", fixture("tiny_gpt2.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    made = getattr(module, factory)()
+    model, inputs = made["model"], made["inputs"]
+    for layer in model.transformer.h:
+        if mode == "torch-reentrant":
+            layer.forward = lambda *a, f=layer.forward, **k: tc.checkpoint(functools.partial(f, **k), *a,
+                                                                          use_reentrant=True)
+        else:
+            layer.forward = lambda *a, f=layer.forward, **k: tc.checkpoint(f, *a, use_reentrant=False, **k)
+    try:
+        model(**inputs).loss.backward()
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return ""
+
+
+@needs_transformers
+@pytest.mark.parametrize("mode", ["torch", "torch-reentrant"])
+def test_a_decoder_whose_layers_append_to_their_cache_fails_stateful(ckcheck, mode):
+    # PyTorch alone: with use_cache=True the recompute attends over a cache twice as long and the
+    # backward raises; without the cache it runs (the negative control).
+    assert _gpt2("with_cache", mode) != ""
+    assert _gpt2("make_model", mode) == ""
+    r = ckcheck("run", "--model", fixture("tiny_gpt2.py:with_cache"), "--checkpoint", mode)
+    assert r.code == 1, r.out + r.err
+    assert r.check("gradients")["summary"] == "the checkpointed step failed where the plain step did not", r.out
+    for check in ("gradients", "determinism"):
+        assert {f["cause"] for f in r.check(check)["findings"]} == {"stateful"}, r.out
+        # the cache is named, with its type, and the fix says to turn it off
+        for f in r.check(check)["findings"]:
+            assert ": DynamicCache" in f["message"] and "use_cache=False" in f["hint"], f
+    ok = ckcheck("run", "--model", fixture("tiny_gpt2.py:make_model"), "--checkpoint", mode)
+    assert ok.code == 0, ok.out + ok.err

@@ -215,6 +215,12 @@ class Model {
   /// numbers no checkpoint replays. Empty where the model has none. snapshot() keeps their state.
   virtual std::vector<std::pair<std::string, std::string>> host_generators() const { return {}; }
 
+  /// The arguments of the site calls under way that hold state a call may change (a list it
+  /// appends to, a cache object whose attributes it rebinds), each by name with a digest of what
+  /// it holds; called inside a site call. snapshot() there keeps what they hold. Empty where the
+  /// model's calls take tensors only.
+  virtual std::vector<std::pair<std::string, std::string>> handed_state() const { return {}; }
+
   /// A copy of all state, and putting it back. Extra state (extra_state()) is included.
   virtual ModelState snapshot();
   virtual void restore(const ModelState& state);

@@ -258,10 +258,12 @@ def one_step(pristine, inputs, mode, layers=()):
                 b.forward = lambda *a, f=f, **k: tc.checkpoint(f, *a, use_reentrant=False, **k)
             else:
                 b.forward = lambda *a, f=f, **k: tc.checkpoint(functools.partial(f, **k), *a, use_reentrant=True)
-    fires = {}  # gradient hooks, as data-parallel training registers them: how often each fires
+    # Gradient hooks where data-parallel training counts them (DDP's reducer hooks each parameter's
+    # gradient accumulator): how often each fires.
+    fires = {}
     for n, p in model.named_parameters():
         if p.requires_grad:
-            p.register_hook(lambda g, n=n: fires.__setitem__(n, fires.get(n, 0) + 1))
+            p.register_post_accumulate_grad_hook(lambda _p, n=n: fires.__setitem__(n, fires.get(n, 0) + 1))
     torch.manual_seed(2)
     random.seed(2)
     numpy.random.seed(2)  # speech models draw SpecAugment masks from NumPy

@@ -494,7 +494,8 @@ class ParameterHooks {
     part.begin_backward(params);
     if (!count && !part.watches_gradients()) return;
     for (size_t k = 0; k < params.size(); ++k) {
-      // A parameter is a leaf; the accumulator is held so that the hook outlives no graph.
+      // A parameter is a leaf. The tensor holds its accumulator weakly: held here, the accumulator
+      // and the hook on it stay the ones the graph reaches until the backward is over.
       if (!params[k].second.requires_grad() || !params[k].second.is_leaf()) continue;
       auto acc = torch::autograd::impl::grad_accumulator(params[k].second);
       const auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(

@@ -476,7 +476,6 @@ class _CallArguments:
     def __init__(self, args, kwargs, forward=None):
         # Tuples (named ones too) are opened; lists, dicts and other objects are one leaf each. The
         # keywords' values in their order are pytree's order of the dict.
-        self._keys = list(kwargs)
         self._forward, self._args, self._kwargs = forward, args, kwargs
         self._outer, self._spec = pytree.tree_flatten((args, tuple(kwargs.values())), is_leaf=_unopened)
         self._inner = []  # per outer leaf: (its leaves, its spec) where pytree opens it, else None
@@ -506,7 +505,7 @@ class _CallArguments:
                 new = [next(given) if isinstance(x, torch.Tensor) else x for x in leaves]
                 outer.append(v if all(a is b for a, b in zip(new, leaves)) else pytree.tree_unflatten(new, spec))
         args, values = pytree.tree_unflatten(outer, self._spec)
-        return args, dict(zip(self._keys, values))
+        return args, dict(zip(self._kwargs, values))
 
     def handed_state(self):
         """Each argument that holds state the call may change -- the lists, dicts and objects (a

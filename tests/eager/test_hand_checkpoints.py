@@ -6,21 +6,17 @@ fires their tensor hooks twice and DDP's once. What PyTorch does comes from PyTo
 one Gloo rank on 127.0.0.1, ddp_truth.py); the negative control accumulates each gradient twice.
 """
 
-import importlib.util
-
 import pytest
 
 from conftest import fixture
+from test_fidelity import _load
 from test_parallel import TRUTH, pytorch_truth
 
 MODELS = fixture("fidelity.py")
 
 
 def _made(factory):
-    spec = importlib.util.spec_from_file_location("ckcheck_fixture_fidelity", MODELS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model, x = getattr(module, factory)()
+    model, x = getattr(_load("fidelity"), factory)()
     model.train()
     return model, x
 

@@ -7,8 +7,8 @@ at several depths, when transformers is installed), measured in this process wit
                   the median of `ckcheck bench --policies none` (C++ model), or of the model's own
                   forward and backward timed here (Python model), measured just before and just
                   after each run, whose figures are over the mean of the two;
-  run             `ckcheck run` with every default check, in plain steps (building the model and
-                  its first, discovering forward included for the Python model);
+  run             `ckcheck run` with every default check, in plain steps (for the Python model
+                  its load included: the forward that finds its sites and units);
   its own figure  the run report's `cost.plain_steps`: the check alone (records, comparison and
                   checks) over the run's own plain reference step, first of the process;
   gradients only  `ckcheck run --checks gradients`, in plain steps.

@@ -1003,7 +1003,10 @@ class ModelAdapter:
         return pytree.tree_unflatten(out_leaves, out_spec)
 
     def _discover(self):
-        """The sites the forward calls, in the order it first reaches them, and the default ones."""
+        """The sites the forward calls, in the order it first reaches them, and the default ones.
+        Under --checkpoint model one forward with the model's switch on shows both: it calls the
+        modules the plain forward calls, and the units its checkpoint takes (a forward fewer in
+        the check's cost); the plain forward runs here only to say which of the two fails."""
         called = []
         seen = set()
 
@@ -1012,6 +1015,9 @@ class ModelAdapter:
                 seen.add(path)
                 called.append(path)
 
+        if self.checkpoint == "model":
+            own = self._own_sites(called, record)
+            return called + [u for u in own if u not in called], own
         self._recording = record
         try:
             self._run_plain()  # with autograd on, as the step runs (a forward may take gradients itself)
@@ -1021,9 +1027,6 @@ class ModelAdapter:
             raise UsageError(_failure("the model fails without checkpointing", e)) from e
         finally:
             self._recording = None
-        if self.checkpoint == "model":
-            own = self._own_sites(called)
-            return called + [u for u in own if u not in called], own
         return called, self._block_sites(called)
 
     def _run_plain(self):
@@ -1062,15 +1065,18 @@ class ModelAdapter:
             return [p for p in called if p in blocks]
         return [p for p in called if "." not in p]  # the root's children
 
-    def _own_sites(self, called):
+    def _own_sites(self, called, record_call):
         """--checkpoint model: the units the model's own checkpoint takes. Seen through the
         checkpoint tap, they are the callables the model hands to the checkpoint, which a forward
         with the switch on meets (nested ones included); where the model reaches a checkpoint the
-        tap does not see, the modules called again during a backward, outermost only."""
+        tap does not see, the modules called again during a backward, outermost only. The
+        forward's module calls go to record_call, and fill `called`."""
         recomputed = []
 
         def record(path):
-            if torch._C._current_graph_task_id() != -1 and path not in recomputed:
+            if torch._C._current_graph_task_id() == -1:
+                record_call(path)
+            elif path not in recomputed:
                 recomputed.append(path)
 
         self._units_seen = []
@@ -1079,6 +1085,7 @@ class ModelAdapter:
         _tap_stored_checkpoints(self.module)
         self._recording = record
         _ACTIVE.append(self)
+        failed = None
         try:
             with torch.utils.checkpoint.set_checkpoint_early_stop(False):
                 out = self._run_plain()
@@ -1090,11 +1097,17 @@ class ModelAdapter:
                         torch.autograd.backward([t.sum() for t in ts])
                 del out
         except Exception as e:
-            raise UsageError(_failure("the model fails with its own checkpointing on", e)) from e
+            failed = e
         finally:
             _ACTIVE.remove(self)
             self._recording = None
             self._disable()
+        if failed is not None:
+            try:
+                self._run_plain()
+            except Exception as plain:
+                raise UsageError(_failure("the model fails without checkpointing", plain)) from plain
+            raise UsageError(_failure("the model fails with its own checkpointing on", failed)) from failed
         if self._units_seen:
             self._tap_units = True
             order = {p: i for i, p in enumerate(called)}

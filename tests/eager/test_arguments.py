@@ -11,20 +11,14 @@ import torch
 import torch.utils.checkpoint as tc
 
 from conftest import fixture
-
-
-def _fidelity():
-    spec = importlib.util.spec_from_file_location("ckcheck_fixture_fidelity", fixture("fidelity.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from test_fidelity import _load
 
 
 def _pytorch_step(factory, mode):
     """Every parameter's gradient of one step, the blocks plain or under torch's checkpoint
     (mode "torch" or "torch-reentrant"), or the name of the error PyTorch raised."""
     torch.manual_seed(0)  # the same model and input for both steps
-    model, x = getattr(_fidelity(), factory)()
+    model, x = getattr(_load("fidelity"), factory)()
     if mode != "plain":
         for b in model.blocks:
             b.forward = lambda h, kept, f=b.forward: tc.checkpoint(f, h, kept, use_reentrant=mode == "torch-reentrant")
@@ -90,10 +84,7 @@ needs_transformers = pytest.mark.skipif(not has_transformers, reason="transforme
 def _gpt2(factory, mode):
     """PyTorch alone: the loss's backward of GPT-2 with its layers wrapped in torch's checkpoint
     (mode "torch" or "torch-reentrant"), or the error it raised ("" when it ran)."""
-    spec = importlib.util.spec_from_file_location("ckcheck_fixture_gpt2", fixture("tiny_gpt2.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    made = getattr(module, factory)()
+    made = getattr(_load("tiny_gpt2"), factory)()
     model, inputs = made["model"], made["inputs"]
     for layer in model.transformer.h:
         if mode == "torch-reentrant":

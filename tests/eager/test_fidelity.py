@@ -137,6 +137,55 @@ def test_the_blocks_are_the_children_with_parameters_most_of_a_sequential_share(
     assert named.report["model"]["units"] == ["blocks.block0", "blocks.block1", "blocks.block2"]
 
 
+def _plain_calls(model, inputs):
+    """PyTorch alone: the modules a forward with the switch off calls, in the order it first calls them."""
+    order = []
+
+    def seen(path):
+        return lambda *_: None if path in order else order.append(path)
+
+    handles = [m.register_forward_pre_hook(seen(p)) for p, m in model.named_modules() if p]
+    model(**inputs) if isinstance(inputs, dict) else model(inputs)
+    for h in handles:
+        h.remove()
+    return order
+
+
+@pytest.mark.parametrize("file,factory", [
+    ("fidelity", "layer_forward_jitter"), ("fidelity", "closure_over_two_modules"), ("fidelity", "hand_checkpoint"),
+    pytest.param("tiny_gpt2", "make_model", marks=needs_transformers),
+])
+def test_under_its_own_switch_the_sites_are_the_modules_the_plain_forward_calls(ckcheck, file, factory):
+    # one forward with the switch on finds the sites and the units: the same modules, in the same order
+    made = getattr(_load(file), factory)()
+    model, inputs = (made["model"], made["inputs"]) if isinstance(made, dict) else made
+    calls = _plain_calls(model, inputs)
+    r = ckcheck("run", "--model", fixture(f"{file}.py:{factory}"), "--checkpoint", "model")
+    assert r.code == 0, r.out + r.err
+    sites, units = r.report["model"]["sites"], r.report["model"]["units"]
+    assert sites[:len(calls)] == calls
+    assert set(sites[len(calls):]) <= set(units)
+
+
+@pytest.mark.parametrize("factory,plain_runs,message", [
+    ("fails_checkpointed", True, "the model fails with its own checkpointing on: TypeError"),
+    ("fails_plain_and_checkpointed", False, "the model fails without checkpointing: TypeError"),
+])
+def test_a_model_that_raises_is_named_by_the_forward_that_raises(ckcheck, factory, plain_runs, message):
+    model, x = getattr(_load("fidelity"), factory)()
+    try:  # PyTorch alone: the plain forward, then the one with the switch on
+        model(x)
+        ran = True
+    except TypeError:
+        ran = False
+    assert ran == plain_runs
+    model.gradient_checkpointing_enable()
+    with pytest.raises(TypeError):
+        model(x)
+    r = ckcheck("run", "--model", fixture(f"fidelity.py:{factory}"), "--checkpoint", "model")
+    assert r.code == 2 and message in r.err and "Traceback" not in r.err, r.err
+
+
 # A checkpoint over a closure of two modules has their parent as unit; a checkpoint written by hand
 # (see below) has the modules its backward runs again.
 @pytest.mark.parametrize("good, bad, units", [

@@ -476,7 +476,7 @@ class _CallArguments:
     def __init__(self, args, kwargs, forward=None):
         # Tuples (named ones too) are opened; lists, dicts and other objects are one leaf each. The
         # keywords' values in their order are pytree's order of the dict.
-        self._forward, self._args, self._kwargs = forward, args, kwargs
+        self._forward, self.args, self.kwargs = forward, args, kwargs
         self._outer, self._spec = pytree.tree_flatten((args, tuple(kwargs.values())), is_leaf=_unopened)
         self._inner = []  # per outer leaf: (its leaves, its spec) where pytree opens it, else None
         self.tensors = []
@@ -505,14 +505,14 @@ class _CallArguments:
                 new = [next(given) if isinstance(x, torch.Tensor) else x for x in leaves]
                 outer.append(v if all(a is b for a, b in zip(new, leaves)) else pytree.tree_unflatten(new, spec))
         args, values = pytree.tree_unflatten(outer, self._spec)
-        return args, dict(zip(self._kwargs, values))
+        return args, dict(zip(self.kwargs, values))
 
     def handed_state(self):
         """Each argument that holds state the call may change -- the lists, dicts and objects (a
         Hugging Face Cache) in it, nested or not, that the call may append to, fill or rebind an
         attribute of: (its name, the argument, those lists, dicts and objects)."""
         out = []
-        for name, value in itertools.chain(zip(self._positional_names(), self._args), self._kwargs.items()):
+        for name, value in itertools.chain(zip(self._positional_names(), self.args), self.kwargs.items()):
             kept = _kept_in(value)
             if kept:
                 out.append((name, value, kept))
@@ -527,7 +527,7 @@ class _CallArguments:
             params = ()
         named = [p.name for p in params
                  if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        return [named[i] if i < len(named) else f"argument {i}" for i in range(len(self._args))]
+        return [named[i] if i < len(named) else f"argument {i}" for i in range(len(self.args))]
 
 
 def _kept_in(value):
@@ -645,7 +645,7 @@ class ModelAdapter:
         self.checkpoint_reason = reason
         self._call_site = None
         self._recording = None
-        self._structures = []  # (leaves, spec, tensor positions, _CallArguments) of the site calls under way
+        self._structures = []  # the _CallArguments of the site calls under way
         self._paths = {}
         self._names = {}  # id(module) -> path
         self._tied = None  # see _tied_tensors()
@@ -977,8 +977,6 @@ class ModelAdapter:
     def _through_site(self, path, forward, call_site, args, kwargs):
         """Calls forward(*args, **kwargs) through the runner's site `path`: its tensors, nested or
         not, are the site's inputs and outputs."""
-        leaves, spec = pytree.tree_flatten((args, kwargs))
-        idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
         call = _CallArguments(args, kwargs, forward)
         box = {}
 
@@ -991,9 +989,9 @@ class ModelAdapter:
                 box["out"] = (out_leaves, out_spec, out_idx)
             return [out_leaves[i] for i in out_idx]
 
-        self._structures.append((leaves, spec, idx, call))
+        self._structures.append(call)
         try:
-            ys = call_site(path, fn, [leaves[i] for i in idx])
+            ys = call_site(path, fn, call.tensors)
         finally:
             self._structures.pop()
         out_leaves, out_spec, out_idx = box["out"]
@@ -1134,13 +1132,12 @@ class ModelAdapter:
         its end (it changes no value, only how much is recomputed)."""
         import torch.utils.checkpoint as tc
 
-        leaves, spec, idx, _ = self._structures[-1]
+        call = self._structures[-1]
 
-        def structured(*a, **k):
-            flat, _ = pytree.tree_flatten((a, k))
-            return fn(*[flat[i] for i in idx])
+        def structured(*a, **k):  # the call's arguments, their tensors detached under use_reentrant=True
+            return fn(*_CallArguments(a, k).tensors)
 
-        a, k = pytree.tree_unflatten(list(leaves), spec)
+        a, k = call.args, call.kwargs
         with tc.set_checkpoint_early_stop(False):
             if reentrant:
                 out = tc.checkpoint(functools.partial(structured, **k), *a, use_reentrant=True,
@@ -1388,7 +1385,7 @@ class ModelAdapter:
     def _handed(self):
         """(name, argument, the lists, dicts and objects it holds) for each argument of the site
         calls under way that holds any."""
-        return [h for *_, call in self._structures for h in call.handed_state()]
+        return [h for call in self._structures for h in call.handed_state()]
 
     def handed_state(self):
         """Each argument of the site calls under way that holds lists, dicts or objects, named with

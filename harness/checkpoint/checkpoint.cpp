@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
-#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/variable.h>
@@ -26,7 +26,6 @@ namespace ckcheck {
 namespace {
 
 using torch::Tensor;
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 thread_local int recompute_depth = 0;
@@ -256,7 +255,7 @@ std::vector<Tensor> settle_dependent_captures(const CheckpointCall& call, std::v
 // Under create_graph the backward differentiates up to the inputs themselves; an input computed
 // from another tensor it differentiates up to (the output of the same module checkpointed before)
 // would have the caller's graph between them run inside this backward and again by the engine.
-void refuse_dependent_inputs(const CheckpointState& s, const std::vector<size_t>& slots) {
+void refuse_dependent_inputs(const CheckpointState& s, c10::ArrayRef<size_t> slots) {
   std::vector<Tensor> asked;
   for (const auto i : slots) asked.push_back(s.inputs[i]);
   const auto targets = gradient_nodes(asked);
@@ -322,14 +321,14 @@ void refuse_released(const CheckpointState& s) {
 }
 
 void check_inputs_unchanged(const CheckpointState& s) {
-  const auto now = versions_of(s.inputs);
-  for (size_t i = 0; i < now.size(); ++i) {
-    if (now[i] == s.versions[i]) continue;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    const auto now = static_cast<int64_t>(s.inputs[i]._version());
+    if (now == s.versions[i]) continue;
     const auto what = i < s.num_inputs ? fmt::format("input {}", i)
                                        : c10::str("a tensor it reads from outside (a parameter or captured tensor, ",
                                                   s.inputs[i].scalar_type(), s.inputs[i].sizes(), ")");
     TORCH_CHECK(false, where(s.call), ": ", what, " was changed in place after the forward (version ", s.versions[i],
-                " -> ", now[i], "), so the recompute would start from other data; clone the tensor before "
+                " -> ", now, "), so the recompute would start from other data; clone the tensor before "
                 "changing it, or do not checkpoint this segment");
   }
 }
@@ -436,14 +435,13 @@ class SegmentBackward {
   // then; its entry in the result is undefined. `recomputed_from` is the sequence number the
   // recompute's nodes start at.
   static std::optional<std::vector<Tensor>> run(std::vector<Tensor>& roots, std::vector<Tensor>& grads,
-                                                const std::vector<Tensor>& targets, const std::vector<bool>& leaf_params,
+                                                const std::vector<Tensor>& targets, c10::ArrayRef<bool> leaf_params,
                                                 uint64_t recomputed_from) {
     SegmentBackward b;
     std::vector<torch::autograd::Edge> root_edges;
     root_edges.reserve(roots.size());
     for (const auto& r : roots) root_edges.push_back(torch::autograd::impl::gradient_edge(r));
-    std::vector<torch::autograd::Edge> target_edges;
-    target_edges.reserve(targets.size());
+    c10::SmallVector<torch::autograd::Edge, 8> target_edges;
     for (const auto& t : targets) {
       if (t.grad_fn()) {
         target_edges.emplace_back(t.grad_fn(), t.output_nr());
@@ -454,7 +452,7 @@ class SegmentBackward {
     }
     if (!b.prune(root_edges)) return std::nullopt;
     roots.clear();
-    std::vector<bool> accumulated(targets.size(), false);
+    c10::SmallVector<bool, 8> accumulated(targets.size(), false);
     for (size_t k = 0; k < targets.size(); ++k) {
       if (leaf_params[k] && b.completes_here(target_edges[k], recomputed_from)) {
         b.nodes_[target_edges[k].function.get()].target = false;
@@ -493,8 +491,8 @@ class SegmentBackward {
   struct Later {
     bool operator()(const Node* a, const Node* b) const { return a->sequence_nr() < b->sequence_nr(); }
   };
-  // What the walk knows of one node, in one table: a segment's nodes are few, and one lookup and
-  // one allocation per node cost less than a set or a map for each property.
+  // What the walk knows of one node, in one table: a segment's nodes are few, and one lookup
+  // costs less than a set or a map for each property.
   struct Info {
     bool target = false;  // its gradient is read here, not passed on
     bool needed = false;  // leads to a target
@@ -503,11 +501,58 @@ class SegmentBackward {
     torch::autograd::variable_list buffer;
   };
 
-  Info* find(Node* node) {
-    if (node == nullptr) return nullptr;
-    const auto it = nodes_.find(node);
-    return it == nodes_.end() ? nullptr : &it->second;
-  }
+  // Node -> Info by open addressing in one array, grown to keep it at most half full: one
+  // allocation for a segment's few nodes where a std::unordered_map makes one per node. An entry
+  // stays where it is until the table grows, which only an insertion does.
+  class NodeTable {
+   public:
+    NodeTable() : slots_(kInitial) {}
+    Info* find(const Node* node) {
+      for (size_t i = home(node);; i = (i + 1) & (slots_.size() - 1)) {
+        if (slots_[i].first == node) return &slots_[i].second;
+        if (slots_[i].first == nullptr) return nullptr;
+      }
+    }
+    // The entry of `node`, and whether it was made now.
+    std::pair<Info*, bool> try_emplace(Node* node) {
+      if (2 * (size_ + 1) > slots_.size()) grow();
+      for (size_t i = home(node);; i = (i + 1) & (slots_.size() - 1)) {
+        if (slots_[i].first == node) return {&slots_[i].second, false};
+        if (slots_[i].first == nullptr) {
+          slots_[i].first = node;
+          ++size_;
+          return {&slots_[i].second, true};
+        }
+      }
+    }
+    Info& operator[](Node* node) { return *try_emplace(node).first; }
+    template <typename F>
+    void for_each(F&& f) {
+      for (auto& [node, info] : slots_) {
+        if (node != nullptr) f(node, info);
+      }
+    }
+
+   private:
+    static constexpr size_t kInitial = 16;  // a power of two
+    size_t home(const Node* node) const {
+      // Fibonacci hashing of the address; its low bits are alignment.
+      const auto h = (reinterpret_cast<uintptr_t>(node) >> 4) * 0x9E3779B97F4A7C15ULL;
+      return static_cast<size_t>(h >> 32) & (slots_.size() - 1);
+    }
+    void grow() {
+      std::vector<std::pair<Node*, Info>> old(slots_.size() * 2);
+      old.swap(slots_);
+      size_ = 0;
+      for (auto& [node, info] : old) {
+        if (node != nullptr) *try_emplace(node).first = std::move(info);
+      }
+    }
+    std::vector<std::pair<Node*, Info>> slots_;
+    size_t size_ = 0;
+  };
+
+  Info* find(Node* node) { return node == nullptr ? nullptr : nodes_.find(node); }
   bool is_needed(Node* node) {
     const auto* info = find(node);
     return info != nullptr && info->needed;
@@ -524,10 +569,10 @@ class SegmentBackward {
       return false;
     }
     size_t known = 2;  // `target` itself and the checkpoint node's edge
-    for (const auto& [node, info] : nodes_) {  // every node the walk visited
-      if (node->sequence_nr() < recomputed_from || info.target) continue;
+    nodes_.for_each([&](Node* node, const Info& info) {  // every node the walk visited
+      if (node->sequence_nr() < recomputed_from || info.target) return;
       for (const auto& e : node->next_edges()) known += e.function.get() == acc ? 1 : 0;
-    }
+    });
     return static_cast<size_t>(target.function.use_count()) == known;
   }
 
@@ -536,11 +581,11 @@ class SegmentBackward {
   bool prune(const std::vector<torch::autograd::Edge>& root_edges) {
     // Post-order walk: a node is needed when it is a target or one of its next nodes is needed. A
     // node is in the table once visited (the targets from the start).
-    std::vector<std::pair<Node*, size_t>> stack;
+    c10::SmallVector<std::pair<Node*, size_t>, 16> stack;
     auto visit = [this, &stack](Node* node) {
-      const auto [it, fresh] = nodes_.try_emplace(node);
-      if (it->second.target) {
-        it->second.needed = true;
+      const auto [info, fresh] = nodes_.try_emplace(node);
+      if (info->target) {
+        info->needed = true;
       } else if (fresh) {
         stack.emplace_back(node, 0);
       }
@@ -555,7 +600,7 @@ class SegmentBackward {
           if (auto* child = node->next_edge(next).function.get()) visit(child);
           continue;
         }
-        auto& info = nodes_[node];
+        auto& info = *nodes_.find(node);
         for (const auto& e2 : node->next_edges()) {
           if (is_needed(e2.function.get())) {
             info.needed = true;
@@ -565,18 +610,19 @@ class SegmentBackward {
         stack.pop_back();
       }
     }
-    for (auto& [node, info] : nodes_) {
-      if (!info.needed || info.target) continue;
+    bool on_cpu = true;
+    nodes_.for_each([&](Node* node, const Info& info) {
+      if (!info.needed || info.target) return;
       for (size_t i = 0; i < node->num_inputs(); ++i) {
         const auto& m = node->input_metadata(i);
-        if (!m.device().is_cpu() || m.is_nested_tensor()) return false;
+        on_cpu = on_cpu && m.device().is_cpu() && !m.is_nested_tensor();
       }
       for (const auto& e : node->next_edges()) {
         auto* child = find(e.function.get());
         if (child != nullptr && child->needed) ++child->pending;
       }
-    }
-    return true;
+    });
+    return on_cpu;
   }
 
   void deliver(const torch::autograd::Edge& edge, Tensor grad) {
@@ -592,7 +638,7 @@ class SegmentBackward {
   }
 
   void evaluate(Node& node) {
-    auto inputs = std::move(nodes_[&node].buffer);
+    auto inputs = std::move(nodes_.find(&node)->buffer);
     for (const auto& hook : node.tensor_pre_hooks()) inputs = (*hook)(inputs);
     for (const auto& [index, hook] : node.retains_grad_hooks()) inputs = (*hook)(inputs);
     for (const auto& hook : node.pre_hooks()) inputs = (*hook)(inputs);
@@ -617,45 +663,41 @@ class SegmentBackward {
     }
   }
 
-  std::unordered_map<Node*, Info> nodes_;
-  std::priority_queue<Node*, std::vector<Node*>, Later> ready_;
+  NodeTable nodes_;
+  std::priority_queue<Node*, c10::SmallVector<Node*, 16>, Later> ready_;
 };
 
-// The autograd node of one call. Its inputs are the caller's inputs and the captured tensors; its
-// outputs were computed before it (the captured tensors are known only once the function ran), so
-// its forward only hands them over.
-class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+// The autograd node of one call: its next edges are the caller's inputs and the captured tensors
+// (known only once the function ran, so the node is made after it), its inputs the gradients of
+// the function's outputs. A node of its own rather than an autograd::Function, whose context,
+// saved-data map, per-argument records and output wrapping cost more than the rest of a small call.
+class CheckpointNode : public torch::autograd::Node {
  public:
-  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<CheckpointState> state,
-                               at::TensorList /*inputs and captured tensors: the node's edges*/) {
-    auto& s = *state;
-    std::vector<Tensor> non_differentiable;
-    for (const auto& out : s.outputs) {
-      if (!out.is_floating_point() && !out.is_complex()) non_differentiable.push_back(out);
-    }
-    ctx->mark_non_differentiable(non_differentiable);
-    // An output no gradient reaches gets none: its part of the segment is not differentiated, as
-    // plain autograd would not run it, instead of differentiating zeros into the parameters.
-    ctx->set_materialize_grads(false);
-    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
-    return std::move(s.outputs);
+  CheckpointNode(CheckpointState state, torch::autograd::edge_list&& edges)
+      : Node(std::move(edges)), state_(std::move(state)) {}
+
+  std::string name() const override { return "ckcheck::CheckpointBackward"; }
+
+  // The incoming gradients are let go of as soon as they enter the recomputed graph, instead of
+  // being held through the segment's backward. An output no gradient reaches gets none (an
+  // undefined gradient): its part of the segment is not differentiated, as plain autograd would
+  // not run it, instead of differentiating zeros into the parameters.
+  variable_list apply(variable_list&& grad_outputs) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // as for any node a backward may run concurrently
+    return backward(grad_outputs);
   }
 
-  // The incoming gradients come by reference (the node's own list): they are let go of as soon as
-  // they enter the recomputed graph, instead of being held through the segment's backward.
-  static variable_list backward(AutogradContext* ctx, variable_list& grad_outputs) {
-    auto state = c10::static_intrusive_pointer_cast<CheckpointState>(
-        ctx->saved_data["state"].toCapsule());
-    auto& s = *state;
+ private:
+  variable_list backward(variable_list& grad_outputs) {
+    auto& s = state_;
     refuse_released(s);
     // The backward asks for what it asks: all inputs for loss.backward(), some for
     // autograd::grad(...) or backward(inputs=...). Only those are differentiated, and the engine
     // routes the returned gradients, as it does for any node -- except a captured parameter's whose
     // gradient only this segment makes, accumulated where it is complete (SegmentBackward).
-    std::vector<size_t> slots;
-    slots.reserve(s.inputs.size());
+    c10::SmallVector<size_t, 8> slots;
     for (size_t i = 0; i < s.inputs.size(); ++i) {
-      if (s.inputs[i].requires_grad() && ctx->needs_input_grad(i)) slots.push_back(i);
+      if (s.inputs[i].requires_grad() && task_should_compute_output(i)) slots.push_back(i);
     }
     const bool keep_graph = torch::autograd::get_current_graph_task_keep_graph();
     // Under create_graph the engine runs backward with grad mode on: the gradients then carry the
@@ -688,28 +730,29 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     }
     outputs.clear();
     grad_outputs.clear();
-    variable_list result(1 + s.inputs.size());  // the state argument first, then one per edge
+    variable_list result(s.inputs.size());  // one per edge
     if (!roots.empty() && !slots.empty()) {
-      std::vector<Tensor> targets, outside;  // outside: tensors of the caller's graph among them
-      std::vector<bool> leaf_params;
+      std::vector<Tensor> targets;
+      c10::SmallVector<bool, 8> leaf_params;
       targets.reserve(slots.size());
-      outside.reserve(slots.size());
-      leaf_params.reserve(slots.size());
       for (const auto i : slots) {
         targets.push_back(i < s.num_inputs ? recompute_inputs[i] : s.inputs[i]);
         leaf_params.push_back(i >= s.num_inputs && s.inputs[i].is_leaf());
-        if (i >= s.num_inputs || create_graph) outside.push_back(s.inputs[i]);
       }
       std::optional<std::vector<Tensor>> found;
       if (!create_graph && SegmentBackward::applies(grads) && SegmentBackward::applies(targets)) {
         found = SegmentBackward::run(roots, grads, targets, leaf_params, recomputed_from);
       }
       if (!found) {
+        std::vector<Tensor> outside;  // the tensors of the caller's graph among the targets
+        for (const auto i : slots) {
+          if (i >= s.num_inputs || create_graph) outside.push_back(s.inputs[i]);
+        }
         HooksSetAside aside(outside);
         found = torch::autograd::grad(roots, targets, grads, /*retain_graph=*/create_graph, create_graph,
                                       /*allow_unused=*/true);
       }
-      for (size_t k = 0; k < slots.size(); ++k) result[1 + slots[k]] = (*found)[k];
+      for (size_t k = 0; k < slots.size(); ++k) result[slots[k]] = (*found)[k];
     }
     if (!buffers.empty()) {
       // Only now: the recomputed graph may have saved these very tensors (batch_norm does), and
@@ -722,40 +765,23 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       // Release the saved activations now, as autograd does for saved tensors.
       s.consumed = true;
       s.inputs.clear();
+      s.fn = nullptr;  // and what the function holds
     }
     return result;
   }
+
+  CheckpointState state_;
 };
 
 }  // namespace
 }  // namespace ckcheck
-
-// The node's backward, as libtorch's CppNode<T>::apply runs it (under the node's lock, the
-// gradients of non-tensor arguments dropped) but without naming the node first: that name, a
-// demangled type name, is only for error messages and costs a tenth of the call's machinery.
-// Declared before the node type is first used, so that it replaces the generic member.
-template <>
-torch::autograd::variable_list torch::autograd::CppNode<ckcheck::CheckpointFunction>::apply(
-    variable_list&& inputs) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto outputs = ckcheck::CheckpointFunction::backward(&ctx_, inputs);
-  TORCH_INTERNAL_ASSERT(outputs.size() == is_variable_input_.size(), "ckcheck::checkpoint: the backward returned ",
-                        outputs.size(), " gradients for ", is_variable_input_.size(), " arguments");
-  variable_list results;
-  results.reserve(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    if (is_variable_input_[i]) results.push_back(std::move(outputs[i]));
-  }
-  return results;
-}
 
 namespace ckcheck {
 namespace {
 
 // The call itself; `fn` is taken by value and moved into the state, not copied again.
 std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inputs, const CheckpointOptions& options) {
-  auto state = c10::make_intrusive<CheckpointState>();
-  auto& s = *state;
+  CheckpointState s;
   s.fn = std::move(fn);
   s.options = options;
   s.call = CheckpointCall{options.name(), next_call_id++};
@@ -767,6 +793,7 @@ std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inp
   if (s.options.preserve_rng_state()) s.rng = RngFork::capture();
   s.autocast = AutocastState::capture();
 
+  std::vector<Tensor> outputs;
   std::vector<Tensor> captured;
   {
     // The function runs without autograd: nothing inside it is kept for the backward.
@@ -776,9 +803,19 @@ std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inp
     const auto& observer = s.options.observer();
     const auto entry_versions = s.options.check_input_versions() ? versions_of(inputs) : std::vector<int64_t>();
     if (observer) observer->forward_begin(s.call, inputs);
-    s.outputs = s.fn(inputs);
-    if (observer) observer->forward_end(s.call, inputs, s.outputs);
+    outputs = s.fn(inputs);
+    if (observer) observer->forward_end(s.call, inputs, outputs);
     if (watch) captured = watch->take();
+    if (grad_mode) {
+      // An output that requires grad, made where nothing does, is a tensor from outside returned
+      // as is (a parameter): read from outside like any captured tensor, so that its gradient
+      // reaches it through the node.
+      for (const auto& out : outputs) {
+        if (out.defined() && out.requires_grad() && !shares_impl(out, inputs) && !shares_impl(out, captured)) {
+          captured.push_back(out);
+        }
+      }
+    }
     captured = settle_dependent_captures(s.call, std::move(captured));
     for (size_t i = 0; i < entry_versions.size(); ++i) {
       const auto exit_version = static_cast<int64_t>(inputs[i]._version());
@@ -791,21 +828,40 @@ std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inp
   }
 
   Quiet quiet;
-  for (size_t i = 0; i < s.outputs.size(); ++i) {
-    auto& out = s.outputs[i];
+  s.output_meta.reserve(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto& out = outputs[i];
     TORCH_CHECK(out.defined(), where(s.call), ": output ", i,
                 " of the checkpointed function is an undefined tensor; return defined tensors only");
     // A view (of an input, or of an intermediate changed in place, pytorch#26546) would be
     // rebased by autograd's view logic onto a graph that bypasses this checkpoint's backward, and
-    // an input returned as is would alias it: hand out a tensor of its own instead.
-    if (out.is_view() || shares_impl(out, inputs) || shares_impl(out, captured)) out = out.clone();
+    // a tensor from outside returned as is would alias it: hand out a tensor of its own instead.
+    if (out.is_view() || out.requires_grad() || shares_impl(out, inputs) || shares_impl(out, captured)) {
+      torch::NoGradGuard no_grad;
+      out = out.clone();
+    }
     s.output_meta.emplace_back(out.sizes(), out.scalar_type());
   }
   s.inputs.reserve(inputs.size() + captured.size());
   s.inputs.insert(s.inputs.end(), inputs.begin(), inputs.end());
   s.inputs.insert(s.inputs.end(), captured.begin(), captured.end());
+  // Autograd reaches the node only where it would have reached the function: under grad mode, from
+  // a tensor that requires grad.
+  const bool differentiable =
+      grad_mode && std::any_of(s.inputs.begin(), s.inputs.end(), [](const Tensor& t) { return t.requires_grad(); });
+  if (!differentiable) return outputs;
   s.versions = versions_of(s.inputs);
-  return CheckpointFunction::apply(state, at::TensorList(s.inputs));
+  auto edges = torch::autograd::collect_next_edges(s.inputs);
+  auto node = c10::make_intrusive<CheckpointNode>(std::move(s), std::move(edges));
+  for (auto& out : outputs) {
+    // Integer and boolean outputs get no gradient; their slot in the node stays empty.
+    if (out.is_floating_point() || out.is_complex()) {
+      torch::autograd::create_gradient_edge(out, node);
+    } else {
+      node->add_input_metadata(torch::autograd::Node::undefined_input());
+    }
+  }
+  return outputs;
 }
 
 }  // namespace

@@ -275,6 +275,25 @@ TEST_F(Conformance, AnInputReturnedUnchanged) {
   EXPECT_TENSORS_EQUAL(x.grad(), want);
 }
 
+TEST_F(Conformance, ATensorFromOutsideReturnedAsIsGetsItsGradientAndStaysALeaf) {
+  // The function hands back a parameter it did not compute with (as a module returning its bias
+  // for the caller to add): plain autograd gives the parameter its gradient through that output.
+  auto w = torch::randn({4}, torch::requires_grad());
+  auto f = [&w](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0] * 2, w}; };
+  auto x = torch::randn({4}, torch::requires_grad());
+  auto run = [&](bool checkpointed) {
+    w.mutable_grad() = Tensor();
+    x.mutable_grad() = Tensor();
+    auto outs = checkpointed ? checkpoint(f, {x}) : f({x});
+    (outs[0] * outs[1]).sum().backward();
+    return std::vector<Tensor>{x.grad(), w.grad()};
+  };
+  const auto want = run(false);
+  const auto got = run(true);
+  EXPECT_TRUE(w.is_leaf()) << "the parameter must stay a leaf";
+  expect_same_grads(got, want, "returned parameter");
+}
+
 TEST_F(Conformance, NestedCheckpoints) {
   Net inner, outer;
   auto x = torch::randn({3, 6}, torch::requires_grad());

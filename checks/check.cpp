@@ -68,6 +68,11 @@ constexpr CauseWord kReentrantNoGradWord{"reentrant-no-grad",
     "a reentrant checkpoint runs its segment's forward without autograd, so what is kept from inside it (features "
     "captured by hooks, MoE router logits for a load-balancing loss) carries no graph: use "
     "torch.utils.checkpoint with use_reentrant=False, or compute such terms outside the checkpointed segment"};
+constexpr CauseWord kGradModeWord{"grad-mode",
+    "the segment computes other values with autograd on than off (a kernel chosen by whether gradients are "
+    "needed, as scaled_dot_product_attention's with a mask that requires grad), and a checkpoint that runs its "
+    "forward without autograd (use_reentrant=True, ckcheck::checkpoint) recomputes with it: use "
+    "torch.utils.checkpoint with use_reentrant=False, or compare with a tolerance if the difference is rounding"};
 
 }  // namespace
 
@@ -88,6 +93,7 @@ const Cause Cause::kGradApi{kGradApiWord};
 const Cause Cause::kUnexplained{kUnexplainedWord};
 const Cause Cause::kAccumulationOrder{kAccumulationOrderWord};
 const Cause Cause::kReentrantNoGrad{kReentrantNoGradWord};
+const Cause Cause::kGradMode{kGradModeWord};
 
 std::ostream& operator<<(std::ostream& os, const Cause& cause) { return os << cause.name(); }
 
@@ -97,7 +103,7 @@ const std::vector<Cause>& all_causes() {
                             Cause::kStateful,    Cause::kBufferUpdate, Cause::kMissingGrad, Cause::kNonFinite,
                             Cause::kVacuous,     Cause::kNotEffective, Cause::kTooFine,     Cause::kHookCount,
                             Cause::kGradApi,     Cause::kUnexplained,  Cause::kAccumulationOrder,
-                            Cause::kReentrantNoGrad, Cause::kRecomputeDtype};
+                            Cause::kReentrantNoGrad, Cause::kRecomputeDtype, Cause::kGradMode};
     for (const auto& c : builtin_checks()) v.insert(v.end(), c->info().causes.begin(), c->info().causes.end());
     return v;
   }();

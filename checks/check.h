@@ -62,6 +62,7 @@ class Cause {
   static const Cause kAccumulationOrder; // accumulation-order: gradients differ by rounding only, summed in another order
   static const Cause kReentrantNoGrad;   // reentrant-no-grad: something kept from a forward run without autograd
   static const Cause kRecomputeDtype;    // recompute-dtype: the recompute ran in another dtype, autocast off (FSDP2 mixed precision)
+  static const Cause kGradMode;          // grad-mode: the segment computes other values with autograd on than off
 
  private:
   const CauseWord* word_;

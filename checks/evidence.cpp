@@ -197,6 +197,11 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
         found = SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
       } else if (probe && !probe->restart_equal) {
         found = SiteExplanation{site, Cause::kNonDeterministic, "the site gives different outputs on identical inputs"};
+      } else if (probe && !probe->grad_mode_equal && c.forward_no_grad) {
+        found = SiteExplanation{site, Cause::kGradMode,
+                                fmt::format("the site computes other values with autograd on than off (by {:.3g}), "
+                                            "and its forward ran without autograd while its recompute ran with it",
+                                            probe->grad_mode_diff)};
       } else if (!c.recompute_failed) {
         // Never non-deterministic without a failing determinism probe: say that nothing explains it.
         found = SiteExplanation{site, Cause::kUnexplained,

@@ -1012,9 +1012,12 @@ class ProbeSiteRunner : public UnitSiteRunner {
 
  private:
   std::vector<Tensor> once(const SiteFn& fn, const std::vector<Tensor>& inputs,
-                           std::vector<std::string>* random_ops, bool* private_gen) {
+                           std::vector<std::string>* random_ops, bool* private_gen, bool requiring_grad = false) {
     std::vector<Tensor> xs;
-    for (const auto& x : inputs) xs.push_back(x.detach().clone());
+    for (const auto& x : inputs) {
+      xs.push_back(x.detach().clone());
+      if (requiring_grad && xs.back().is_floating_point()) xs.back().requires_grad_(true);
+    }
     if (!random_ops) return fn(xs);
     OpTracer tracer(TraceLevel::kNames);
     auto outs = fn(xs);
@@ -1086,6 +1089,24 @@ class ProbeSiteRunner : public UnitSiteRunner {
           p.max_abs_diff = d2;
           p.first_outputs = a;
           p.other_outputs = c;
+        }
+      }
+      if (p.restart_equal && !torch::GradMode::is_enabled()) {
+        // The recompute of a checkpoint whose forward runs without autograd runs with it, its
+        // inputs requiring grad: a kernel chosen by whether gradients are needed (attention with
+        // a mask that requires grad) computes other values there.
+        model_.restore(s0);
+        r0.restore();
+        std::vector<Tensor> g;
+        try {
+          torch::AutoGradMode grad(true);
+          g = once(fn, inputs, nullptr, nullptr, /*requiring_grad=*/true);
+        } catch (const std::exception&) {
+          g.clear();  // a unit that cannot run so (an in-place op on its input) shows nothing here
+        }
+        if (!g.empty()) {
+          for (auto& t : g) t = t.detach();
+          std::tie(p.grad_mode_equal, p.grad_mode_diff) = same(a, g);
         }
       }
       if (!repeat_eq && p.restart_equal && p.repeat_error.empty()) {

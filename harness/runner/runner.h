@@ -145,6 +145,11 @@ struct UnitProbe {
   int64_t step = 1;
   bool repeat_equal = true;   // a second call, from the state the first left, gives equal outputs
   bool restart_equal = true;  // a call from the restored state gives equal outputs
+  // Probed without autograd (as a reentrant checkpoint's forward runs): a call from the restored
+  // state with autograd on, as the recompute runs, gives equal outputs. Tried only where the
+  // restarts agree (a deterministic unit).
+  bool grad_mode_equal = true;
+  double grad_mode_diff = 0.0;  // largest output difference between the two
   double max_abs_diff = 0.0;  // largest output difference seen
   std::vector<std::string> changed_state;  // state the first call changed (buffers, extra state)
   std::vector<std::string> random_ops;     // random-number ops the unit ran

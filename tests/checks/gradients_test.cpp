@@ -175,6 +175,30 @@ TEST(GradientsCheck, PytorchErrorsInTheCheckpointedStepNameTheirCause) {
   EXPECT_EQ(r.status, Status::kError) << r;
 }
 
+// A recompute that differs from its forward, at a site that repeats identically on its own: when
+// the forward ran without autograd and the probe's call with autograd gives other values, the
+// cause is the grad mode; with autograd giving the same values (or a forward run with autograd)
+// nothing explains it.
+TEST(GradientsCheck, ARecomputeThatDiffersOnlyWithAutogradOnIsGradModeAfterANoGradForward) {
+  for (const bool values_differ : {true, false}) {
+    for (const bool forward_no_grad : {true, false}) {
+      Records rec(1e-2, /*recompute_exact=*/false);
+      auto& call = rec.records.checkpointed.calls.front();
+      call.forward_no_grad = forward_no_grad;
+      UnitProbe p;
+      p.site = call.site;
+      p.grad_mode_equal = !values_differ;
+      p.grad_mode_diff = values_differ ? 6e-7 : 0.0;
+      rec.records.probes = std::vector<UnitProbe>{p};
+      const auto r = rec.run();
+      EXPECT_EQ(r.status, Status::kFail) << r;
+      const bool named = values_differ && forward_no_grad;
+      EXPECT_EQ(has_cause(r, Cause::kGradMode), named) << values_differ << forward_no_grad << r;
+      EXPECT_EQ(has_cause(r, Cause::kUnexplained), !named) << values_differ << forward_no_grad << r;
+    }
+  }
+}
+
 TEST(GradientsCheck, EqualGradientsPass) {
   const auto r = Records(0.0).run();
   EXPECT_EQ(r.status, Status::kPass) << r;

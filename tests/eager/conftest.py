@@ -48,15 +48,21 @@ def fixture(name):
     return os.path.join(FIXTURES, name)
 
 
-def factory_result(file, name):
-    """fixtures/python/FILE's factory NAME called (weights from seed 0): what it returns."""
+def fixture_module(file):
+    """fixtures/python/FILE, loaded as a module of its own."""
     import importlib.util
-
-    import torch
 
     spec = importlib.util.spec_from_file_location("ckcheck_fixture_" + file.replace(".py", ""), fixture(file))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def factory_result(file, name):
+    """fixtures/python/FILE's factory NAME called (weights from seed 0): what it returns."""
+    import torch
+
+    module = fixture_module(file)
     torch.manual_seed(0)
     return getattr(module, name)()
 

@@ -10,15 +10,14 @@ import pytest
 import torch
 import torch.utils.checkpoint as tc
 
-from conftest import fixture
-from test_fidelity import _load
+from conftest import fixture, fixture_module
 
 
 def _pytorch_step(factory, mode):
     """Every parameter's gradient of one step, the blocks plain or under torch's checkpoint
     (mode "torch" or "torch-reentrant"), or the name of the error PyTorch raised."""
     torch.manual_seed(0)  # the same model and input for both steps
-    model, x = getattr(_load("fidelity"), factory)()
+    model, x = getattr(fixture_module("fidelity.py"), factory)()
     if mode != "plain":
         for b in model.blocks:
             b.forward = lambda h, kept, f=b.forward: tc.checkpoint(f, h, kept, use_reentrant=mode == "torch-reentrant")
@@ -84,7 +83,7 @@ needs_transformers = pytest.mark.skipif(not has_transformers, reason="transforme
 def _gpt2(factory, mode):
     """PyTorch alone: the loss's backward of GPT-2 with its layers wrapped in torch's checkpoint
     (mode "torch" or "torch-reentrant"), or the error it raised ("" when it ran)."""
-    made = getattr(_load("tiny_gpt2"), factory)()
+    made = getattr(fixture_module("tiny_gpt2.py"), factory)()
     model, inputs = made["model"], made["inputs"]
     for layer in model.transformer.h:
         if mode == "torch-reentrant":

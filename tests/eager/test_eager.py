@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ckcheck
-from conftest import fixture, twin
+from conftest import fixture, fixture_module, twin
 
 has_transformers = importlib.util.find_spec("transformers") is not None
 has_peft = importlib.util.find_spec("peft") is not None
@@ -47,10 +47,7 @@ def test_tiny_gpt2_under_torch_checkpoint_needs_rng_replay(ckcheck, preserve):
 
 # ---- a site input changed in place after the forward: silent in PyTorch, found by ckcheck -------
 def _inplace_module():
-    spec = importlib.util.spec_from_file_location("inplace_after_forward", fixture("inplace_after_forward.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return fixture_module("inplace_after_forward.py")
 
 
 def test_pytorch_itself_is_silent_on_an_input_changed_after_the_forward():

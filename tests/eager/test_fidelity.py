@@ -10,17 +10,10 @@ import pytest
 import torch
 import torch.utils.checkpoint as tc
 
-from conftest import ROOT, fixture
+from conftest import ROOT, fixture, fixture_module
 
 has_transformers = importlib.util.find_spec("transformers") is not None
 needs_transformers = pytest.mark.skipif(not has_transformers, reason="transformers is not installed")
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"ckcheck_fixture_{name}", fixture(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def findings(check, cause=None):
@@ -63,7 +56,7 @@ def test_cpp_models_keep_ckchecks_own_checkpoint_by_default(ckcheck):
 
 # ---- inputs as given -------------------------------------------------------------------------
 def test_pytorch_alone_the_reentrant_checkpoint_gives_blocks_behind_a_frozen_layer_no_gradient():
-    m = _load("fidelity")
+    m = fixture_module("fidelity.py")
     torch.manual_seed(0)
     net, x = m.frozen_first_layer()
     calls = [b.forward for b in net.blocks]
@@ -102,7 +95,7 @@ def test_a_model_that_sets_its_inputs_requires_grad_itself_runs_and_passes(ckche
     r = ckcheck("run", "--model", fixture("fidelity.py:sets_its_input_grad"))
     assert r.code == 0, r.out + r.err
     # negative control: an input that already requires grad breaks the model (PyTorch alone)
-    m = _load("fidelity")
+    m = fixture_module("fidelity.py")
     net, x = m.sets_its_input_grad()
     with pytest.raises(RuntimeError, match="leaf"):
         net(x.requires_grad_())
@@ -157,7 +150,7 @@ def _plain_calls(model, inputs):
 ])
 def test_under_its_own_switch_the_sites_are_the_modules_the_plain_forward_calls(ckcheck, file, factory):
     # one forward with the switch on finds the sites and the units: the same modules, in the same order
-    made = getattr(_load(file), factory)()
+    made = getattr(fixture_module(file + ".py"), factory)()
     model, inputs = (made["model"], made["inputs"]) if isinstance(made, dict) else made
     calls = _plain_calls(model, inputs)
     r = ckcheck("run", "--model", fixture(f"{file}.py:{factory}"), "--checkpoint", "model")
@@ -172,7 +165,7 @@ def test_under_its_own_switch_the_sites_are_the_modules_the_plain_forward_calls(
     ("fails_plain_and_checkpointed", False, "the model fails without checkpointing: TypeError"),
 ])
 def test_a_model_that_raises_is_named_by_the_forward_that_raises(ckcheck, factory, plain_runs, message):
-    model, x = getattr(_load("fidelity"), factory)()
+    model, x = getattr(fixture_module("fidelity.py"), factory)()
     try:  # PyTorch alone: the plain forward, then the one with the switch on
         model(x)
         ran = True
@@ -295,7 +288,7 @@ def _plain_and_checkpointed_grads(model, x):
 
 @pytest.mark.parametrize("factory,differ", [("shared_module_updated", True), ("shared_module_kept", False)])
 def test_pytorch_alone_a_shared_buffer_moved_after_the_blocks_changes_checkpointed_gradients(factory, differ):
-    model, x = getattr(_load("fidelity"), factory)()
+    model, x = getattr(fixture_module("fidelity.py"), factory)()
     plain, checkpointed = _plain_and_checkpointed_grads(model, x)
     assert any(not torch.equal(plain[n], checkpointed[n]) for n in plain) == differ
 
@@ -315,7 +308,7 @@ def test_the_state_of_a_shared_module_is_watched_under_every_path(ckcheck, facto
 # ---- a recompute that computes something else without changing the step -------------------------
 @pytest.mark.parametrize("factory,differ", [("keeps_last_input_added", False), ("keeps_last_input_multiplied", True)])
 def test_pytorch_alone_a_kept_member_changes_checkpointed_gradients_only_where_saved(factory, differ):
-    model, x = getattr(_load("fidelity"), factory)()
+    model, x = getattr(fixture_module("fidelity.py"), factory)()
     plain, checkpointed = _plain_and_checkpointed_grads(model, x)
     assert any(not torch.equal(plain[n], checkpointed[n]) for n in plain) == differ
 
@@ -334,7 +327,7 @@ def test_a_stateful_recompute_fails_only_where_the_step_shows_it(ckcheck, factor
 # ---- output structure ------------------------------------------------------------------------
 @needs_transformers
 def test_pytorch_alone_gpt2_returns_no_cache_while_its_checkpointing_trains():
-    spec = _load("tiny_gpt2").with_cache()
+    spec = fixture_module("tiny_gpt2.py").with_cache()
     model, inputs = spec["model"], spec["inputs"]
     assert model(**inputs).past_key_values is not None
     model.gradient_checkpointing_enable()
@@ -376,7 +369,7 @@ def test_pytorch_alone_a_host_generator_drawn_inside_a_block_changes_checkpointe
         random.seed(0)
         numpy.random.seed(0)
         torch.manual_seed(0)
-        model, x = getattr(_load("fidelity"), factory)()
+        model, x = getattr(fixture_module("fidelity.py"), factory)()
         if checkpointed:
             for b in model.blocks:
                 b.forward = lambda h, f=b.forward: tc.checkpoint(f, h, use_reentrant=False)
@@ -422,7 +415,7 @@ def test_an_error_line_has_no_traceback_and_no_path_the_user_did_not_give(ckchec
                                             ("nested_checkpoints_without_rng_replay", False),
                                             ("hand_checkpoint", True), ("hand_checkpoint_with_dropout", False)])
 def test_pytorch_alone_own_checkpoints_change_gradients_only_without_rng_replay(factory, equal):
-    model, x = getattr(_load("fidelity"), factory)()
+    model, x = getattr(fixture_module("fidelity.py"), factory)()
     model.train()
 
     def step(on):

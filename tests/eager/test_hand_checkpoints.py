@@ -8,15 +8,14 @@ one Gloo rank on 127.0.0.1, ddp_truth.py); the negative control accumulates each
 
 import pytest
 
-from conftest import fixture
-from test_fidelity import _load
+from conftest import fixture, fixture_module
 from test_parallel import TRUTH, pytorch_truth
 
 MODELS = fixture("fidelity.py")
 
 
 def _made(factory):
-    model, x = getattr(_load("fidelity"), factory)()
+    model, x = getattr(fixture_module("fidelity.py"), factory)()
     model.train()
     return model, x
 

@@ -54,10 +54,13 @@ class Quiet {
   bool turned_off_;
 };
 
-// Everything the backward needs, held by the autograd node through a capsule in saved_data. The
-// inputs are held here rather than through save_for_backward so that a changed input is reported
-// with the checkpoint's own error (site and input index) instead of the saved-variable one.
-struct CheckpointState : torch::CustomClassHolder {
+// Tensors' version counters, one per tensor (-1 for an undefined one); a call's few on the stack.
+using Versions = c10::SmallVector<int64_t, 8>;
+
+// Everything the backward needs, held by the call's autograd node. The inputs are held here rather
+// than as saved variables so that a changed input is reported with the checkpoint's own error
+// (site and input index) instead of the saved-variable one.
+struct CheckpointState {
   TensorsFn fn;
   CheckpointOptions options;
   CheckpointCall call;
@@ -66,10 +69,9 @@ struct CheckpointState : torch::CustomClassHolder {
   // are inputs of the autograd node, so the engine routes their gradients as plain autograd would.
   std::vector<Tensor> inputs;
   size_t num_inputs = 0;  // the caller's, at the front of `inputs`
-  std::vector<int64_t> versions;
-  std::vector<Tensor> outputs;  // computed before the node exists, handed to it once
+  Versions versions;
   // Each forward output's shape and dtype: the recompute must reproduce them.
-  std::vector<std::pair<c10::DimVector, c10::ScalarType>> output_meta;
+  c10::SmallVector<std::pair<c10::DimVector, c10::ScalarType>, 2> output_meta;
   std::optional<RngFork> rng;
   AutocastState autocast;
   bool consumed = false;
@@ -166,9 +168,8 @@ std::string where(const CheckpointCall& call) {
                            : fmt::format("ckcheck::checkpoint({})", call.site);
 }
 
-std::vector<int64_t> versions_of(const std::vector<Tensor>& tensors) {
-  std::vector<int64_t> v;
-  v.reserve(tensors.size());
+Versions versions_of(const std::vector<Tensor>& tensors) {
+  Versions v;
   for (const auto& t : tensors) v.push_back(t.defined() ? static_cast<int64_t>(t._version()) : -1);
   return v;
 }
@@ -333,6 +334,18 @@ void check_inputs_unchanged(const CheckpointState& s) {
   }
 }
 
+// A leaf that requires grad and shares `x`'s data and version counter: what x.detach() then
+// requires_grad_() give, made directly rather than through two dispatched ops (a tenth of a small
+// call's machinery); a tensor subclass detaches as its own TensorImpl says.
+Tensor leaf_of(const Tensor& x) {
+  auto* impl = x.unsafeGetTensorImpl();
+  auto copy = impl->shallow_copy_and_detach(impl->version_counter(), /*allow_tensor_metadata_change=*/false);
+  copy->set_autograd_meta(nullptr);
+  Tensor leaf(std::move(copy));
+  leaf.set_requires_grad(true);
+  return leaf;
+}
+
 // The function again, from the caller's inputs themselves (the recomputed graph reaches the same
 // leaves and graph tensors as the forward would have), under the forward's RNG and autocast state.
 //
@@ -353,7 +366,9 @@ std::vector<Tensor> recompute(const CheckpointState& s, bool create_graph, std::
     auto off = s.autocast;
     off.cpu_enabled = off.cuda_enabled = false;
     autocast.emplace(off);
-  } else if (s.options.restore_autocast()) {
+  } else if (s.options.restore_autocast() && (s.autocast.any_enabled() || !(s.autocast == AutocastState::capture()))) {
+    // Left out where autocast is off now and was off in the forward: the scope would set what is
+    // already set, and no cast is cached for it to clear.
     autocast.emplace(s.autocast);
   }
   std::vector<Tensor> outputs;
@@ -362,9 +377,8 @@ std::vector<Tensor> recompute(const CheckpointState& s, bool create_graph, std::
     torch::AutoGradMode grad(true);
     inputs.assign(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
     if (!create_graph) {
-      Quiet quiet;
       for (auto& x : inputs) {
-        if (x.requires_grad()) x = x.detach().requires_grad_(true);
+        if (x.requires_grad()) x = leaf_of(x);
       }
     }
     if (s.options.recompute_fp32()) {
@@ -801,7 +815,7 @@ std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inp
     std::optional<CapturedTensors> watch;
     if (grad_mode) watch.emplace(inputs);
     const auto& observer = s.options.observer();
-    const auto entry_versions = s.options.check_input_versions() ? versions_of(inputs) : std::vector<int64_t>();
+    const auto entry_versions = s.options.check_input_versions() ? versions_of(inputs) : Versions();
     if (observer) observer->forward_begin(s.call, inputs);
     outputs = s.fn(inputs);
     if (observer) observer->forward_end(s.call, inputs, outputs);
@@ -828,7 +842,6 @@ std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inp
   }
 
   Quiet quiet;
-  s.output_meta.reserve(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     auto& out = outputs[i];
     TORCH_CHECK(out.defined(), where(s.call), ": output ", i,

@@ -359,7 +359,7 @@ std::vector<Tensor> recompute(const CheckpointState& s, bool create_graph, std::
   std::optional<RngFork> caller_rng;
   if (s.rng) {
     caller_rng = RngFork::capture();
-    s.rng->restore();
+    s.rng->restore_over(*caller_rng);
   }
   std::optional<AutocastScope> autocast;
   if (s.options.recompute_fp32()) {

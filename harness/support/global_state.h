@@ -32,8 +32,14 @@ class RngFork {
  public:
   static RngFork capture();
   void restore() const;
+  /// restore(), leaving the CPU generator as it is where `now`, captured just before with nothing
+  /// drawn since, shows it already holds this state (no random op ran in between: a model without
+  /// dropout). CUDA states are put back in any case.
+  void restore_over(const RngFork& now) const;
 
  private:
+  bool same_cpu_state(const RngFork& other) const;
+  void restore_cuda() const;
   // Engines are 2.5 KB, past the allocator's small-size caches: each thread keeps a few released
   // ones for reuse rather than have every call allocate and free one.
   struct Recycle {

@@ -104,6 +104,12 @@ TEST(Checkpoint, WithoutRngPreservationDropoutGradientsDiffer) {
   EXPECT_TRUE(any_differs(ref, step(blocks, x, checkpointed(CheckpointOptions().preserve_rng_state(false)))));
 }
 
+// Draws of every kind the CPU generator serves, normal samples cached by it included.
+std::vector<Tensor> draw_all_kinds() {
+  return {torch::rand({5}), torch::randn({7}), torch::bernoulli(torch::full({6}, 0.5)), torch::randint(100, {4}),
+          torch::empty({3}, torch::kDouble).normal_()};
+}
+
 TEST(Checkpoint, TheRngForkReplaysEveryDrawAndLeavesTheStateAsItWas) {
   // The fork the checkpoint takes copies the CPU generator as it holds its state; the tensor form
   // (RngState, what the evidence compares) must see no difference after a restore.
@@ -111,16 +117,55 @@ TEST(Checkpoint, TheRngForkReplaysEveryDrawAndLeavesTheStateAsItWas) {
   torch::randn({1});  // a normal sample may now be cached by the generator
   const auto before = RngState::capture();
   const auto fork = RngFork::capture();
-  auto draw = [] {
-    return std::vector<Tensor>{torch::rand({5}), torch::randn({7}), torch::bernoulli(torch::full({6}, 0.5)),
-                               torch::randint(100, {4}), torch::empty({3}, torch::kDouble).normal_()};
-  };
-  const auto first = draw();
+  const auto first = draw_all_kinds();
   EXPECT_NE(RngState::capture(), before) << "the draws moved the generator (the control)";
   fork.restore();
   EXPECT_EQ(RngState::capture(), before);
-  const auto again = draw();
+  const auto again = draw_all_kinds();
   for (size_t i = 0; i < first.size(); ++i) EXPECT_TENSORS_EQUAL(again[i], first[i]) << "draw " << i;
+}
+
+TEST(Checkpoint, RestoringOverTheGeneratorsOwnStateLeavesItAndOverAMovedOnePutsItBack) {
+  torch::manual_seed(4);
+  torch::randn({1});
+  const auto before = RngState::capture();
+  const auto fork = RngFork::capture();
+  fork.restore_over(RngFork::capture());  // nothing drawn since: the generator holds the state
+  EXPECT_EQ(RngState::capture(), before);
+  const auto first = draw_all_kinds();
+  const auto moved = RngFork::capture();
+  EXPECT_NE(RngState::capture(), before) << "the draws moved the generator (the control)";
+  fork.restore_over(moved);
+  EXPECT_EQ(RngState::capture(), before);
+  const auto again = draw_all_kinds();
+  for (size_t i = 0; i < first.size(); ++i) EXPECT_TENSORS_EQUAL(again[i], first[i]) << "draw " << i;
+}
+
+TEST(Checkpoint, ARecomputeDrawsFromTheForwardsStreamWhetherOrNotTheCallerDrewSince) {
+  // The forward draws nothing; a recompute that does (an inconsistent function) must still draw
+  // what the forward's stream gives, and leave the caller's stream where it was -- both where the
+  // caller drew between forward and backward and where nothing did.
+  for (const bool caller_draws : {false, true}) {
+    SCOPED_TRACE(caller_draws ? "the caller drew in between" : "nothing drawn in between");
+    torch::manual_seed(11);
+    const auto expected = torch::rand({4});  // what the forward's stream gives
+    torch::manual_seed(11);
+    Tensor drawn;
+    auto x = torch::randn({4}).requires_grad_();
+    torch::manual_seed(11);
+    auto y = checkpoint(
+        [&drawn](const Tensor& in) {
+          if (is_recomputing()) drawn = torch::rand({4});
+          return in * 2;
+        },
+        x);
+    if (caller_draws) torch::rand({9});
+    const auto caller = RngState::capture();
+    y.sum().backward();
+    ASSERT_TRUE(drawn.defined());
+    EXPECT_TENSORS_EQUAL(drawn, expected);
+    EXPECT_EQ(RngState::capture(), caller);
+  }
 }
 
 TEST(Checkpoint, RecomputeLeavesTheCallersRandomStreamAlone) {

@@ -270,7 +270,8 @@ def torchrun_nodes(program, node_args, report):
     """Two torchrun launchers (--nnodes 2, one rank each) on loopback, node K with node_args[K]:
     (exit status, stdout, stderr) of each."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+    # torchrun's agent leaves a torchelastic_* folder in the temporary folder: the test's own.
+    env = dict(os.environ, TMPDIR=str(os.path.dirname(report)), PYTHONPATH=os.pathsep.join(
         [os.path.join(ROOT, "build", "python"), os.environ.get("PYTHONPATH", "")]))
     launchers = []
     for node, args in enumerate(node_args):

@@ -95,6 +95,14 @@ class Golden : public ::testing::TestWithParam<std::string> {
                                         "json=" + dir + "/golden_validate-op.json", "--report",
                                         "markdown=" + dir + "/golden_validate-op.md"});
   }
+  // The reports are kept where a comparison failed (scripts/make_golden.py makes golden files of
+  // them when the change is intended), removed otherwise.
+  static void TearDownTestSuite() {
+    const auto* suite = ::testing::UnitTest::GetInstance()->current_test_suite();
+    if (suite != nullptr && suite->Failed()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
   // The exit code each command must give: run, diagnose and validate-op find something (1),
   // bench measures (0).
   static int exit_code_of(const std::string& file) {
@@ -155,7 +163,8 @@ TEST_P(Golden, ReportMatchesItsGoldenFile) {
   }
   const auto golden = lines_of(testing::test_source_dir() + "/reports/golden/" + GetParam() + ".golden");
   ASSERT_FALSE(golden.empty());
-  ASSERT_EQ(actual.size(), golden.size()) << "line counts differ; regenerate with scripts/make_golden.py if the change is intended";
+  ASSERT_EQ(actual.size(), golden.size()) << "line counts differ; regenerate with scripts/make_golden.py from " << dir_ << "/compared_" << GetParam()
+      << " if the change is intended";
   for (size_t i = 0; i < golden.size(); ++i) {
     EXPECT_TRUE(std::regex_match(actual[i], line_regex(golden[i])))
         << GetParam() << " line " << i + 1 << "\n  actual: " << actual[i] << "\n  golden: " << golden[i];

@@ -4,6 +4,9 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <system_error>
+
 #include "ckcheck_test_paths.h"
 
 namespace ckcheck::testing {
@@ -39,13 +42,36 @@ std::string test_binary_dir() { return CKCHECK_TEST_BINARY_DIR; }
 
 std::string test_source_dir() { return CKCHECK_TEST_SOURCE_DIR; }
 
+namespace {
+// The process's own scratch folder, removed with what is in it when the process exits -- by the
+// process that made it only, not by a child forked from it.
+class ScratchDir {
+ public:
+  ScratchDir() : owner_(::getpid()), path_(fmt::format("{}/scratch.{}", test_binary_dir(), owner_)) {
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    if (::getpid() == owner_) std::filesystem::remove_all(path_, ignored);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  pid_t owner_;
+  std::string path_;
+};
+}  // namespace
+
 std::string scratch_path(const std::string& suffix) {
+  static const ScratchDir dir;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "suite";
   for (auto& c : name) {
     if (c == '/') c = '_';
   }
-  return fmt::format("{}/{}.{}.{}", test_binary_dir(), name, ::getpid(), suffix);
+  return fmt::format("{}/{}.{}", dir.path(), name, suffix);
 }
 
 }  // namespace ckcheck::testing

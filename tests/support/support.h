@@ -45,8 +45,9 @@ std::string test_binary_dir();
 /// The tests' source folder (golden files).
 std::string test_source_dir();
 
-/// A path in test_binary_dir() of its own for the running test (CTest runs tests in parallel
-/// processes that must not share files): "<dir>/<suite>.<test>.<pid>.<suffix>".
+/// A path of its own for the running test in a scratch folder of the process's own (CTest runs
+/// tests in parallel processes that must not share files), removed when the process exits:
+/// "<dir>/scratch.<pid>/<suite>.<test>.<suffix>".
 std::string scratch_path(const std::string& suffix);
 
 }  // namespace ckcheck::testing

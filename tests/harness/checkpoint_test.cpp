@@ -149,9 +149,8 @@ TEST(Checkpoint, ARecomputeDrawsFromTheForwardsStreamWhetherOrNotTheCallerDrewSi
     SCOPED_TRACE(caller_draws ? "the caller drew in between" : "nothing drawn in between");
     torch::manual_seed(11);
     const auto expected = torch::rand({4});  // what the forward's stream gives
-    torch::manual_seed(11);
-    Tensor drawn;
     auto x = torch::randn({4}).requires_grad_();
+    Tensor drawn;
     torch::manual_seed(11);
     auto y = checkpoint(
         [&drawn](const Tensor& in) {

@@ -156,18 +156,19 @@ TEST_P(Golden, ReportMatchesItsGoldenFile) {
     }
     actual = kept;
   }
+  // What was compared, for scripts/make_golden.py when the change is intended.
+  const auto compared_path = dir_ + "/compared_" + GetParam();
   {
-    // What was compared, for scripts/make_golden.py when the change is intended.
-    std::ofstream compared(dir_ + "/compared_" + GetParam());
+    std::ofstream compared(compared_path);
     for (const auto& line : actual) compared << line << "\n";
   }
+  const auto regenerate = "; regenerate with scripts/make_golden.py from " + compared_path + " if the change is intended";
   const auto golden = lines_of(testing::test_source_dir() + "/reports/golden/" + GetParam() + ".golden");
   ASSERT_FALSE(golden.empty());
-  ASSERT_EQ(actual.size(), golden.size()) << "line counts differ; regenerate with scripts/make_golden.py from " << dir_ << "/compared_" << GetParam()
-      << " if the change is intended";
+  ASSERT_EQ(actual.size(), golden.size()) << "line counts differ" << regenerate;
   for (size_t i = 0; i < golden.size(); ++i) {
     EXPECT_TRUE(std::regex_match(actual[i], line_regex(golden[i])))
-        << GetParam() << " line " << i + 1 << "\n  actual: " << actual[i] << "\n  golden: " << golden[i];
+        << GetParam() << " line " << i + 1 << "\n  actual: " << actual[i] << "\n  golden: " << golden[i] << regenerate;
   }
 }
 

@@ -100,15 +100,19 @@ class SeenTensors {
   std::unordered_set<const c10::TensorImpl*> set_;
 };
 
-// Finds the captured tensors: while the function runs under no-grad in the forward, every op input
+// Finds the captured tensors: while the function runs under no-grad in the forward, an op input
 // that requires grad came from outside it (nothing made under no-grad requires grad), so the op
 // inputs that require grad and are not the caller's inputs are exactly the leaves and graph tensors
 // plain autograd would have reached through the function. A thread-local RecordFunction callback
-// sees them. Collectors nest (a checkpoint inside the function, run under grad mode): the outermost
-// registers the one callback, and an op counts for every collector open on the thread.
+// sees them. A function may turn grad mode back on for a part of itself (a checkpoint inside it,
+// forces computed as a gradient of an energy): what it makes there requires grad too, and is told
+// from the caller's tensors by its grad_fn, made on this thread since the call began. Collectors
+// nest (a checkpoint inside the function): the outermost registers the one callback, and an op
+// counts for every collector open on the thread.
 class CapturedTensors {
  public:
-  explicit CapturedTensors(const std::vector<Tensor>& inputs) : previous_(current_) {
+  explicit CapturedTensors(const std::vector<Tensor>& inputs)
+      : previous_(current_), thread_(at::RecordFunction::currentThreadId()), start_(at::sequence_number::peek()) {
     if (turned_on_) at::enableRecordFunction(true);
     for (const auto& x : inputs) seen_.insert(x.unsafeGetTensorImpl());
     if (previous_ == nullptr) {
@@ -128,27 +132,38 @@ class CapturedTensors {
 
   std::vector<Tensor> take() { return std::move(found_); }
 
+  // Whether `t` was computed by the function itself, under grad mode, since this call began. Read
+  // from the autograd metadata as it stands (a leaf has no grad_fn): Tensor::grad_fn() costs a
+  // virtual call for every parameter.
+  bool made_inside(const Tensor& t) const {
+    const auto* meta = torch::autograd::impl::get_autograd_meta(t);
+    const auto* fn = meta != nullptr ? meta->grad_fn_.get() : nullptr;
+    return fn != nullptr && fn->thread_id() == thread_ && fn->sequence_nr() >= start_;
+  }
+
  private:
   static std::unique_ptr<at::ObserverContext> on_op(const at::RecordFunction& fn) {
-    for (auto* c = current_; c != nullptr; c = c->previous_) {
-      for (const auto& v : fn.inputs()) c->visit(v);
-    }
+    auto* innermost = current_;  // read once: a thread-local costs a call each time
+    for (const auto& v : fn.inputs()) innermost->visit(v);
     return nullptr;
   }
+  // One op input: a tensor, or a list or tuple that may hold some (a tensor list is a list of
+  // tensors). Most inputs are tensors that do not require grad, and are left at the first test.
   void visit(const c10::IValue& v) {
     if (v.isTensor()) {
       const auto& t = v.toTensor();
-      if (t.defined() && t.requires_grad() && seen_.insert(t.unsafeGetTensorImpl())) {
-        if (found_.empty()) found_.reserve(16);  // a block's parameters, in one allocation
-        found_.push_back(t);
-      }
-    } else if (v.isTensorList()) {
-      for (const auto& t : v.toTensorList()) visit(c10::IValue(static_cast<Tensor>(t)));
+      if (!t.defined() || !t.requires_grad()) return;
+      for (auto* c = this; c != nullptr; c = c->previous_) c->add(t);
     } else if (v.isList()) {
       for (const auto& e : v.toListRef()) visit(e);
     } else if (v.isTuple()) {
       for (const auto& e : v.toTupleRef().elements()) visit(e);
     }
+  }
+  void add(const Tensor& t) {
+    if (!seen_.insert(t.unsafeGetTensorImpl()) || made_inside(t)) return;
+    if (found_.empty()) found_.reserve(16);  // a block's parameters, in one allocation
+    found_.push_back(t);
   }
 
   static thread_local CapturedTensors* current_;
@@ -156,6 +171,8 @@ class CapturedTensors {
   // and get no gradient. (Turned on only where it is off: each turn rebuilds the callback list.)
   bool turned_on_ = !at::isRecordFunctionEnabled();
   CapturedTensors* previous_;
+  uint64_t thread_;
+  uint64_t start_;  // the sequence number the first node made in the call gets
   at::CallbackHandle handle_{};
   SeenTensors seen_;
   std::vector<Tensor> found_;
@@ -821,11 +838,12 @@ std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inp
     if (observer) observer->forward_end(s.call, inputs, outputs);
     if (watch) captured = watch->take();
     if (grad_mode) {
-      // An output that requires grad, made where nothing does, is a tensor from outside returned
-      // as is (a parameter): read from outside like any captured tensor, so that its gradient
-      // reaches it through the node.
+      // An output that requires grad and was not made by the function is a tensor from outside
+      // returned as is (a parameter): read from outside like any captured tensor, so that its
+      // gradient reaches it through the node.
       for (const auto& out : outputs) {
-        if (out.defined() && out.requires_grad() && !shares_impl(out, inputs) && !shares_impl(out, captured)) {
+        if (out.defined() && out.requires_grad() && !watch->made_inside(out) && !shares_impl(out, inputs) &&
+            !shares_impl(out, captured)) {
           captured.push_back(out);
         }
       }

@@ -310,6 +310,59 @@ TEST_F(Conformance, NestedCheckpoints) {
   EXPECT_TENSORS_EQUAL(x.grad(), want_x);
 }
 
+// A function that turns grad mode back on and checkpoints a part of itself: the inner call's
+// forward runs while the outer one's still watches, and each finds the parameters it read.
+TEST_F(Conformance, ACheckpointUnderGradModeInsideAnotherMatchesPlain) {
+  Net inner, outer;
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  auto body = [&](const Tensor& t, bool checkpointed) {
+    torch::AutoGradMode on(true);
+    return outer(checkpointed ? via_checkpoint(inner, t) : inner(t));
+  };
+  body(x, false).sum().backward();
+  const auto want_in = inner.grads(), want_out = outer.grads();
+  const auto want_x = x.grad().clone();
+  inner.zero();
+  outer.zero();
+  x.mutable_grad() = Tensor();
+  checkpoint([&](const Tensor& t) { return body(t, true); }, x).sum().backward();
+  expect_same_grads(inner.grads(), want_in, "inner parameters");
+  expect_same_grads(outer.grads(), want_out, "outer parameters");
+  EXPECT_TENSORS_EQUAL(x.grad(), want_x);
+}
+
+// A function whose output is itself a gradient -- forces as the derivative of an energy, computed
+// under grad mode with create_graph -- trains its parameters through the checkpoint as through
+// plain autograd.
+TEST_F(Conformance, AGradientComputedInsideTheFunctionMatchesPlain) {
+  Net energy;
+  auto pos = torch::randn({3, 6}, torch::requires_grad());
+  auto forces = [&](const Tensor& p) {
+    torch::AutoGradMode on(true);
+    return -torch::autograd::grad({energy(p).sum()}, {p}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+  };
+  forces(pos).pow(2).sum().backward();
+  const auto want = grads_of(energy, pos);
+  energy.zero();
+  pos.mutable_grad() = Tensor();
+  checkpoint(forces, pos).pow(2).sum().backward();
+  expect_same_grads(grads_of(energy, pos), want, "forces");
+}
+
+// Parameters an op reads only inside a list argument (cat's and stack's tensor lists) get their
+// gradients through the checkpoint as through plain autograd.
+TEST_F(Conformance, ParametersReadOnlyInsideATensorListGetTheirGradients) {
+  auto w = torch::randn({2, 6}, torch::requires_grad());
+  auto v = torch::randn({6}, torch::requires_grad());
+  auto x = torch::randn({3, 6}, torch::requires_grad());
+  auto f = [&](const Tensor& t) { return torch::tanh(torch::cat({t, w})) * torch::stack({v, v}).sum(0); };
+  f(x).pow(2).sum().backward();
+  const std::vector<Tensor> want{w.grad().clone(), v.grad().clone(), x.grad().clone()};
+  for (auto* t : {&w, &v, &x}) t->mutable_grad() = Tensor();
+  checkpoint(f, x).pow(2).sum().backward();
+  expect_same_grads({w.grad(), v.grad(), x.grad()}, want, "tensor-list inputs");
+}
+
 // A custom autograd Function inside the checkpointed function: y = x^3 with a hand-written backward.
 struct Cube : torch::autograd::Function<Cube> {
   static Tensor forward(torch::autograd::AutogradContext* ctx, const Tensor& x) {

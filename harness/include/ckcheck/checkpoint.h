@@ -8,7 +8,10 @@
 //   - the autograd node's inputs are the function's inputs and every tensor requiring grad that
 //     the function reads from outside (its parameters, tensors of the caller's graph it captures),
 //     found while the forward runs; so parameters get their gradients when no input requires grad,
-//     and a captured tensor's graph runs once, after all its uses;
+//     and a captured tensor's graph runs once, after all its uses. A function may turn grad mode
+//     back on inside itself (forces as the gradient of an energy, a checkpoint within it): what
+//     it computes there is its own, not read from outside. A parameter it reads whose result the
+//     loss does not use gets no gradient, as in plain autograd (its gradient hooks see none);
 //   - the backward differentiates only what the engine asks for and accumulates nothing itself:
 //     `loss.backward()`, `torch::autograd::grad(...)` (nothing accumulated into any .grad) and
 //     `backward(..., inputs={...})` (only those leaves) all give plain autograd's results;

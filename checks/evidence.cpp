@@ -233,6 +233,11 @@ int64_t plain_fires(const CheckContext& ctx, const HookCount& h) {
   return plain;
 }
 
+bool fires_as_plain(const CheckContext& ctx, const HookCount& h) {
+  const int64_t plain = plain_fires(ctx, h);
+  return h.fires == plain || (plain == 0 && h.fires == 1 && h.fires_without_gradient == 1);
+}
+
 namespace {
 
 // Machine epsilon of a floating-point dtype (0 for others).
@@ -287,7 +292,7 @@ std::optional<SiteExplanation> graph_lost_in_no_grad_forward(const CheckContext&
 std::optional<SiteExplanation> kept_from_no_grad_forward(const CheckContext& ctx, const std::string& tensor) {
   const auto& hooks = ctx.records.checkpointed.hooks;
   const bool alike = !hooks.empty() && std::all_of(hooks.begin(), hooks.end(), [&](const HookCount& h) {
-    return h.fires == plain_fires(ctx, h);
+    return fires_as_plain(ctx, h);
   });
   const auto site = alike ? no_grad_forward_site(ctx, tensor) : std::string();
   if (site.empty()) return std::nullopt;

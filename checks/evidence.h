@@ -99,4 +99,10 @@ std::string owning_unit(const Plan& plan, const std::string& tensor_name);
 /// HookCount::same_point); 1 when the plain step did not count it.
 int64_t plain_fires(const CheckContext& ctx, const HookCount& checkpointed);
 
+/// Whether the hook counted in `checkpointed` marks its parameter as the plain step does for
+/// data-parallel training: it fires as often, or it fires once without a gradient where the plain
+/// step never reached it (a parameter whose result the loss does not use, reached through a
+/// checkpoint's node that returns no gradient for it): DDP takes both as an unused parameter.
+bool fires_as_plain(const CheckContext& ctx, const HookCount& checkpointed);
+
 }  // namespace ckcheck

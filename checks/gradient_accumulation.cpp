@@ -77,8 +77,8 @@ void add_gradient_findings(const CheckContext& ctx, CheckResult& r) {
 
 void add_hook_findings(const CheckContext& ctx, CheckResult& r) {
   for (const auto& h : ctx.records.checkpointed.hooks) {
+    if (fires_as_plain(ctx, h)) continue;
     const int64_t plain = plain_fires(ctx, h);
-    if (h.fires == plain) continue;
     Finding f;
     f.cause = Cause::kHookCount;
     f.site = owning_unit(ctx.plan, h.name);

@@ -56,6 +56,8 @@ void DataParallel::begin_backward(const NamedTensors& params) {
   }
   fired_.assign(params.size(), 0);
   grads_.assign(params.size(), torch::Tensor());
+  params_.clear();
+  for (const auto& [name, p] : params) params_.push_back(p);
   reduced_.assign(buckets_.size(), false);
   ready_twice.clear();
   never_ready.clear();
@@ -64,7 +66,12 @@ void DataParallel::begin_backward(const NamedTensors& params) {
 void DataParallel::gradient_ready(size_t index, const torch::Tensor& grad) {
   if (engine_ || index >= fired_.size()) return;
   if (++fired_[index] == 2) ready_twice.push_back(names_[index]);
-  grads_[index] = grads_[index].defined() ? grads_[index] + grad.detach() : grad.detach().clone();
+  if (grad.defined()) {
+    grads_[index] = grads_[index].defined() ? grads_[index] + grad.detach() : grad.detach().clone();
+  } else if (!grads_[index].defined()) {
+    // A hook that fires without a gradient (an output the loss does not use): DDP reduces zeros.
+    grads_[index] = torch::zeros_like(params_[index]);
+  }
   const size_t b = bucket_of_[index];
   if (reduced_[b]) return;
   for (size_t k : buckets_[b]) {

@@ -133,6 +133,7 @@ class DataParallel : public StepParticipant {
   std::vector<size_t> bucket_of_;
   std::vector<int> fired_;
   std::vector<torch::Tensor> grads_;  // what the hooks gave
+  std::vector<torch::Tensor> params_;  // of the backward under way
   std::vector<bool> reduced_;
   std::vector<std::string> names_;
   int64_t agreements_ = 0;  // the sequence number of the next any_rank or rank0

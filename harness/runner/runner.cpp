@@ -490,7 +490,7 @@ Upstream upstream_of(const std::vector<Tensor>& outs, uint64_t seed, int64_t ste
 class ParameterHooks {
  public:
   ParameterHooks(const NamedTensors& params, StepParticipant& part, bool count)
-      : params_(params), fires_(params.size(), 0) {
+      : params_(params), fires_(params.size(), 0), without_gradient_(params.size(), 0) {
     part.begin_backward(params);
     if (!count && !part.watches_gradients()) return;
     for (size_t k = 0; k < params.size(); ++k) {
@@ -501,6 +501,7 @@ class ParameterHooks {
       const auto key = acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [k, &part, this](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list& inputs) {
             ++fires_[k];
+            if (!inputs.at(0).defined()) ++without_gradient_[k];
             part.gradient_ready(k, inputs.at(0));
             return outputs;
           }));
@@ -517,15 +518,19 @@ class ParameterHooks {
     if (hooks_.empty()) return;
     // An engine that runs hooks of its own (FSDP2 on its shards) counts them itself.
     const auto engine = part.hook_fires();
-    const auto& fires = engine && engine->size() == fires_.size() ? *engine : fires_;
+    const bool own = !(engine && engine->size() == fires_.size());
+    const auto& fires = own ? fires_ : *engine;
     for (size_t k = 0; k < params_.size(); ++k) {
-      if (params_[k].second.requires_grad()) record.hooks.push_back({params_[k].first, step, fires[k], micro_batch});
+      if (params_[k].second.requires_grad()) {
+        record.hooks.push_back({params_[k].first, step, fires[k], micro_batch, own ? without_gradient_[k] : 0});
+      }
     }
   }
 
  private:
   const NamedTensors& params_;
   std::vector<int64_t> fires_;
+  std::vector<int64_t> without_gradient_;  // of fires_, those in which no gradient arrived
   std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uintptr_t>> hooks_;
 };
 

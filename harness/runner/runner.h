@@ -112,6 +112,9 @@ struct HookCount {
   int64_t step = 1;
   int64_t fires = 0;
   int64_t micro_batch = 1;  // under gradient accumulation, the micro-batch of the step
+  // Of `fires`, those in which no gradient arrived: a node upstream returned none for it (an output
+  // the loss does not use). DDP takes such a parameter as unused, as if its hook had not fired.
+  int64_t fires_without_gradient = 0;
 
   /// The same hook at the same point of a step (parameter, step, micro-batch): what a count of
   /// the checkpointed step is compared with.

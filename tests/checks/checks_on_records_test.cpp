@@ -67,6 +67,24 @@ TEST(ChecksOnRecords, AHookFiringTwiceFailsAsHookCount) {
   EXPECT_EQ(r.findings[0].details.at("fires"), 2);
 }
 
+// A hook the plain step never reaches, fired once without a gradient under checkpointing (a
+// checkpoint's node returns none for a parameter whose result the loss does not use): DDP takes
+// it as unused either way. Fired with a gradient, or twice, it is a finding.
+TEST(ChecksOnRecords, AHookFiredOnceWithoutAGradientWhereThePlainStepNeverReachesItPasses) {
+  for (const auto& [fires, without, fails] : {std::tuple{1, 1, false}, {1, 0, true}, {2, 2, true}}) {
+    HandBuiltRecords h;
+    h.records.reference.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.0.aux.weight", 1, 0, 1}};
+    h.records.checkpointed.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.0.aux.weight", 1, fires, 1, without}};
+    const auto r = h.run(*make_check("hooks"));
+    EXPECT_EQ(r.status, fails ? Status::kFail : Status::kPass) << fires << " fires, " << without << " without: " << r;
+    if (fails) {
+      ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kHookCount}) << r;
+      EXPECT_EQ(r.findings[0].tensor, "blocks.0.aux.weight");
+      EXPECT_NE(r.findings[0].message.find("the plain step never reaches it"), std::string::npos) << r;
+    }
+  }
+}
+
 TEST(ChecksOnRecords, HooksFiringAsInThePlainStepPass) {
   HandBuiltRecords h;
   h.records.reference.hooks = {{"blocks.0.fc1.weight", 1, 1, 1}, {"blocks.1.fc1.weight", 1, 1, 1}};

@@ -22,6 +22,7 @@ void describe(TensorDiff& d, const TensorRecord& t) {
 // its end, with the records' own parts and the second plain step's time when one ran.
 CheckCost cost_of(const RunRecords& records, double start, double recorded, double end,
                   std::optional<double> repeated) {
+  const double rerun = records.precision ? records.precision->cpu_seconds : 0.0;
   CheckCost cost;
   cost.seconds = end - start;
   cost.plain_step_seconds = records.reference.cpu_seconds;
@@ -31,8 +32,29 @@ CheckCost cost_of(const RunRecords& records, double start, double recorded, doub
   // What the records took beyond their named parts (restoring state between them, ...).
   cost.phases.emplace_back("records, between parts", std::max(0.0, recorded - start - parts));
   if (repeated) cost.phases.emplace_back("reference, repeated", *repeated);
-  cost.phases.emplace_back("comparison and checks", std::max(0.0, end - recorded - repeated.value_or(0.0)));
+  if (records.precision) cost.phases.emplace_back("float64 rerun", rerun);
+  cost.phases.emplace_back("comparison and checks", std::max(0.0, end - recorded - repeated.value_or(0.0) - rerun));
   return cost;
+}
+// A difference in the loss, an output or a gradient (state aside) that the float64 rerun can tell
+// rounding or real: eager (a compiled model would compile again), autocast off (float64 has no
+// autocast: the rerun would be another program), a repeatable plain step, and every recompute
+// reproducing its forward bitwise (else the difference is the recompute's, never rounding).
+bool needs_precision_evidence(const RunOutcome& out, const Runner& runner) {
+  if (out.records.compiled || runner.config().amp != Amp::kOff) return false;
+  if (out.records.plain_not_repeated && !out.records.plain_not_repeated->empty()) return false;
+  bool recomputed = false;
+  for (const auto& c : out.records.checkpointed.calls) {
+    if (!c.recomputed) continue;
+    recomputed = true;
+    for (const auto& d : c.output_diffs) {
+      if (!d.equal) return false;
+    }
+  }
+  if (!recomputed) return false;
+  return std::any_of(out.diffs.begin(), out.diffs.end(), [](const TensorDiff& d) {
+    return !d.equal && !is_state_kind(d.kind) && d.missing == "none" && d.note.empty();
+  });
 }
 }  // namespace
 
@@ -89,6 +111,9 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
     }
     out.records.plain_not_repeated = names;
     repeated = again.cpu_seconds;
+    if (needs_precision_evidence(out, runner)) {
+      out.records.precision = runner.rerun_in_float64(plan);
+    }
   }
   CheckContext ctx{runner.model(), plan, runner.config(), tolerance, out.records, out.diffs, knobs};
   for (const auto& c : checks) out.results.push_back(c->run(ctx));

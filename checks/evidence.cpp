@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace ckcheck {
 
@@ -306,21 +307,70 @@ std::optional<SiteExplanation> kept_from_no_grad_forward(const CheckContext& ctx
 
 namespace {
 
-// The largest magnitude among the plain step's gradients.
-double largest_gradient(const CheckContext& ctx) {
-  double largest = 0.0;
+// The loss is kept in double; it was computed in the outputs' precision.
+double output_epsilon(const CheckContext& ctx) {
+  double eps = 0.0;
   for (const auto& t : ctx.records.reference.tensors) {
-    if (is_gradient(t.kind) && t.value.defined() && t.value.numel() > 0 && t.value.is_floating_point()) {
-      largest = std::max(largest, t.value.abs().max().item<double>());
-    }
+    if (t.kind == "output" && t.value.defined() && t.value.is_floating_point()) eps = std::max(eps, epsilon_of(t.value));
   }
-  return largest;
+  return eps;
 }
 
-}  // namespace
+// The float64 rerun when it ran to the end.
+const PrecisionRerun* rerun_of(const CheckContext& ctx) {
+  const auto& p = ctx.records.precision;
+  return p && p->error.empty() ? &*p : nullptr;
+}
 
-bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained) {
-  if (!explained.empty()) return false;
+// Why there is no float64 evidence, in words.
+std::string no_rerun_reason(const CheckContext& ctx) {
+  if (ctx.records.precision) return "the float64 rerun could not be made (" + ctx.records.precision->error + ")";
+  if (ctx.records.compiled) return "no float64 rerun of a compiled model";
+  if (ctx.config.amp != Amp::kOff) return "no float64 rerun under autocast";
+  return "no float64 rerun";
+}
+
+// Why a difference is no rounding, in words.
+std::string against_sentence(const TensorDiff& d, const TensorRounding& t, const std::string& no_rerun) {
+  if (t.rule == "float64") {
+    return fmt::format("rerun in float64, {} still differs by {:.3g} ({:.3g} in float32), where rounding would have "
+                       "shrunk below {:.3g} with the precision: a real difference, not summation order",
+                       d.name, t.float64, d.max_abs, t.bound);
+  }
+  if (t.rule == "own-scale") {
+    return fmt::format("{}; {} differs by {:.3g}, {:.3g} times the reordering error a sum of its own size allows "
+                       "({:.3g}, {:g} epsilons of its largest value): a real difference",
+                       no_rerun, d.name, d.max_abs, t.bound > 0 ? d.max_abs / t.bound : 0.0, t.bound, kReassociationEps);
+  }
+  return "";
+}
+
+// Why every difference is rounding, in words.
+std::string for_sentence(const TensorDiff& worst, const TensorRounding& t, size_t by_rerun, size_t differing,
+                         const std::string& no_rerun) {
+  if (by_rerun == differing) {
+    return fmt::format("rerun in float64, every difference shrank with the precision, as rounding does and a lost or "
+                       "changed contribution does not (the nearest to its bound, {}: {:.3g} in float32, {:.3g} in "
+                       "float64): the same contributions summed in another order",
+                       worst.name, worst.max_abs, t.float64);
+  }
+  return fmt::format("{}; each difference lies within the reordering error a sum of its own size allows ({:g} epsilons "
+                     "of the tensor's own largest value; the nearest, {}: {:.3g}){}: taken as the same contributions "
+                     "summed in another order",
+                     no_rerun, kReassociationEps, worst.name, worst.max_abs,
+                     by_rerun > 0 ? fmt::format(", {} of {} confirmed by a float64 rerun", by_rerun, differing) : "");
+}
+
+// A differing tensor that may be rounding at all: a gradient (or, compiled or with a float64
+// rerun, the loss or an output), on both sides, finite.
+bool may_be_rounding(const CheckContext& ctx, const TensorDiff& d) {
+  const bool forward_value = d.kind == "loss" || d.kind == "output";
+  if (!(is_gradient(d.kind) || (forward_value && (ctx.records.compiled || rerun_of(ctx))))) return false;
+  return d.missing == "none" && d.note.empty() && d.nonfinite_checkpointed + d.nonfinite_reference == 0;
+}
+
+// Every recomputed call reproduced its forward bitwise (compiled, the graphs stand for the calls).
+bool recomputes_faithful(const CheckContext& ctx) {
   size_t recomputed = 0;
   for (const auto& c : ctx.records.checkpointed.calls) {
     if (!c.recomputed) continue;
@@ -329,38 +379,79 @@ bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& 
       if (!d.equal) return false;
     }
   }
-  // Compiled, no call is recorded: the compiled graphs stand for them (explained is empty: they show
-  // no random op drawn anew).
-  if (recomputed == 0 && !ctx.records.compiled) return false;
-  torch::NoGradGuard no_grad;
-  const double step_scale = largest_gradient(ctx);
-  double output_epsilon = 0.0;
-  for (const auto& t : ctx.records.reference.tensors) {
-    if (t.kind == "output" && t.value.defined() && t.value.is_floating_point()) {
-      output_epsilon = std::max(output_epsilon, epsilon_of(t.value));
-    }
+  return recomputed > 0 || ctx.records.compiled;
+}
+
+}  // namespace
+
+TensorRounding tensor_rounding(const CheckContext& ctx, const TensorDiff& d) {
+  TensorRounding t;
+  t.measured = d.max_abs;
+  const auto* ref = ctx.records.reference.find(d.name, d.kind, d.step);
+  if (!ref || !ref->value.defined() || !may_be_rounding(ctx, d)) {
+    t.rule = "none";
+    return t;
   }
-  size_t differing = 0;
+  const double eps = d.kind == "loss" ? output_epsilon(ctx) : epsilon_of(ref->value);
+  const auto* rerun = rerun_of(ctx);
+  const auto* again = rerun ? rerun->find(d.name, d.kind, d.step) : nullptr;
+  if (again && again->present && eps > kFloat64Epsilon) {
+    // Rounding shrinks by the ratio of the precisions (about 2e-9 from float32); a lost or changed
+    // contribution keeps its size. The bound lies halfway between, on a log scale.
+    t.rule = "float64";
+    t.float64 = again->max_abs;
+    t.bound = d.max_abs * std::sqrt(kFloat64Epsilon / eps);
+    t.rounding = again->max_abs <= t.bound;
+    return t;
+  }
+  // Without that evidence: within the reordering error of a sum, measured on the tensor's own
+  // largest value (never the step's: a gradient small beside the others is judged on its own size).
+  t.rule = "own-scale";
+  t.bound = kReassociationEps * eps * ref->value.detach().abs().max().item<double>();
+  t.rounding = d.max_abs <= t.bound;
+  return t;
+}
+
+RoundingEvidence rounding_evidence(const CheckContext& ctx, const std::vector<SiteExplanation>& explained) {
+  RoundingEvidence e;
+  e.details = nlohmann::json::object();
+  if (!explained.empty() || !recomputes_faithful(ctx)) return e;
+  torch::NoGradGuard no_grad;
+  size_t differing = 0, by_rerun = 0;
+  const TensorDiff* worst = nullptr;  // the differing tensor that came nearest its bound
+  TensorRounding worst_t;
+  double worst_share = -1.0;
   for (const auto& d : ctx.diffs) {
     if (d.equal || is_state_kind(d.kind)) continue;
     ++differing;
-    // Compiled, the checkpointed step is another program for the compiler (a checkpoint outside
-    // its graphs, other fusions): its forward may round differently too, the loss and outputs
-    // measured on their own scale.
-    const bool forward_value = ctx.records.compiled && (d.kind == "loss" || d.kind == "output");
-    if (!(is_gradient(d.kind) || forward_value) || d.missing != "none" || !d.note.empty() ||
-        d.nonfinite_checkpointed + d.nonfinite_reference > 0) {
-      return false;
+    const auto t = tensor_rounding(ctx, d);
+    if (!t.rounding) {
+      e.against = d.name;
+      e.details = {{"rule", t.rule}, {"tensor", d.name}, {"float32", d.max_abs}, {"bound", t.bound}};
+      if (t.rule == "float64") e.details["float64"] = t.float64;
+      e.sentence = against_sentence(d, t, no_rerun_reason(ctx));
+      return e;
     }
-    const auto* ref = ctx.records.reference.find(d.name, d.kind, d.step);
-    if (!ref || !ref->value.defined()) return false;
-    const double own = ref->value.abs().max().item<double>();
-    const double scale = forward_value ? own : std::max(own, step_scale);
-    // The loss is kept in double; it was computed in the outputs' precision.
-    const double eps = d.kind == "loss" ? output_epsilon : epsilon_of(ref->value);
-    if (!(d.max_abs <= kReassociationEps * eps * scale)) return false;
+    by_rerun += t.rule == "float64";
+    const double share = t.rule == "float64" ? (d.max_abs > 0 ? t.float64 / d.max_abs : 0.0) : (t.bound > 0 ? d.max_abs / t.bound : 0.0);
+    if (share > worst_share) {
+      worst_share = share;
+      worst = &d;
+      worst_t = t;
+    }
   }
-  return differing > 0;
+  if (differing == 0 || worst == nullptr) return e;
+  e.rounding = true;
+  e.rule = by_rerun == differing ? "float64" : "own-scale";
+  e.details = {{"rule", e.rule}, {"tensors", differing}, {"by_float64_rerun", by_rerun}, {"worst", worst->name},
+               {"float32", worst->max_abs}, {"bound", worst_t.bound}};
+  if (worst_t.rule == "float64") e.details["float64"] = worst_t.float64;
+  e.sentence = for_sentence(*worst, worst_t, by_rerun, differing, no_rerun_reason(ctx));
+  return e;
+}
+
+bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained) {
+  return rounding_evidence(ctx, explained).rounding;
 }
 
 }  // namespace ckcheck

@@ -79,17 +79,42 @@ std::optional<SiteExplanation> graph_lost_in_no_grad_forward(const CheckContext&
 /// hook), whose value is the same with and without checkpointing. The unit as above.
 std::optional<SiteExplanation> kept_from_no_grad_forward(const CheckContext& ctx, const std::string& tensor);
 
-/// How many epsilons of a gradient's largest value a different summation order may move it.
+/// How many epsilons of a tensor's own largest value a different summation order may move it (the
+/// reordering error of a sum of up to ~500 terms), where no float64 rerun tells.
 constexpr double kReassociationEps = 1024.0;
+constexpr double kFloat64Epsilon = 2.220446049250313e-16;
 
-/// True when checkpointing changed only the order in which gradients were summed: no site-level
-/// evidence, every recompute reproduced its forward bitwise, the loss and outputs are equal, and
-/// every differing tensor (state aside) is a gradient within kReassociationEps epsilons of its
-/// scale: its own largest value, or the largest of all the step's gradients where that is larger
-/// (a gradient whose true value is zero is summed from terms of that size and keeps their noise). The backward then computed the same contributions and added them in another
-/// order: a reentrant checkpoint runs a separate backward per checkpointed call, and adds each
-/// call's part to .grad on its own. Compiled, the loss and outputs may differ too, within the same
-/// bound of their own largest value: the compiler's kernels for the checkpointed step are others.
+/// How one differing tensor stands against rounding.
+struct TensorRounding {
+  bool rounding = false;
+  /// "float64": the float64 rerun's difference against the float32 one times the square root of
+  /// the precisions' ratio (rounding shrinks by the whole ratio, ~2e-9 from float32; a lost or
+  /// changed contribution keeps its size); "own-scale": within kReassociationEps epsilons of the
+  /// tensor's own largest value; "none": not a value rounding can explain (state, a missing side).
+  std::string rule;
+  double measured = 0.0;  // the difference as the step measured it
+  double float64 = 0.0;   // the float64 rerun's (rule "float64")
+  double bound = 0.0;
+};
+TensorRounding tensor_rounding(const CheckContext& ctx, const TensorDiff& d);
+
+/// Whether checkpointing changed only the order in which the same contributions were summed, with
+/// the evidence in words. Rounding needs: no site-level evidence, every recompute reproduced its
+/// forward bitwise, and every differing tensor (state aside) rounding by tensor_rounding -- by the
+/// float64 rerun where it ran (the loss and outputs then too), else on its own scale (compiled,
+/// the loss and outputs on theirs: the compiler's kernels for the checkpointed step are others).
+/// A reentrant checkpoint runs a separate backward per checkpointed call and adds each call's
+/// part to .grad on its own: rounding. A contribution it loses (an auxiliary loss computed in a
+/// forward run without autograd) keeps its size in float64: not rounding.
+struct RoundingEvidence {
+  bool rounding = false;
+  std::string rule;      // "float64" when the rerun showed every difference, else "own-scale"
+  std::string sentence;  // the rule and what it measured; for no rounding, the tensor that refutes it
+  std::string against;   // that tensor ("" when rounding, or when no tensor was measured)
+  nlohmann::json details;
+};
+RoundingEvidence rounding_evidence(const CheckContext& ctx, const std::vector<SiteExplanation>& explained);
+/// rounding_evidence(...).rounding.
 bool rounding_only(const CheckContext& ctx, const std::vector<SiteExplanation>& explained);
 
 /// The checkpointed unit a tensor belongs to ("blocks.1.bn1.running_mean" -> "blocks.1"), or "".

@@ -41,7 +41,8 @@ std::map<std::string, int64_t> first_differing_micro_batch(const CheckContext& c
 void add_gradient_findings(const CheckContext& ctx, CheckResult& r) {
   const auto partial = first_differing_micro_batch(ctx);
   const auto explained = explain_sites(ctx);
-  const bool rounding = rounding_only(ctx, explained);
+  const auto rounding_found = rounding_evidence(ctx, explained);
+  const bool rounding = rounding_found.rounding;
   for (const auto& d : ctx.diffs) {
     if (d.kind != "param-grad" || d.equal) continue;
     const int64_t at = partial.at(d.name);  // the micro-batch after which it first differs
@@ -53,9 +54,8 @@ void add_gradient_findings(const CheckContext& ctx, CheckResult& r) {
       // Each checkpointed call's part added to .grad on its own: the same sum in another order.
       f.cause = Cause::kAccumulationOrder;
       f.message = fmt::format("the gradient of {} summed over {} micro-batches differs by rounding only (max abs "
-                              "{:.3g}, within {} epsilons of its largest value): the same contributions added in "
-                              "another order",
-                              d.name, ctx.config.accumulate, d.max_abs, kReassociationEps);
+                              "{:.3g}): {}",
+                              d.name, ctx.config.accumulate, d.max_abs, rounding_found.sentence);
     } else if (at > 1) {
       // Equal after the first micro-batch, different later: the step changed what was accumulated.
       f.cause = kAccumulatedGrad;

@@ -52,10 +52,22 @@ struct Group {
 // What the records say about the step as a whole, read once for all differing tensors.
 struct StepEvidence {
   std::vector<SiteExplanation> explained;  // sites whose recompute differs, and why
-  bool rounding = false;                   // the differences are rounding only
+  RoundingEvidence rounding;               // whether the differences are rounding only, and why
   bool faithful = false;                   // calls were recomputed, each reproducing its forward bitwise
   std::vector<std::string> offload_changed;  // --offload: tensors the offload's hooks change in the plain step
 };
+
+// Why a differing tensor is no rounding, as measured ("" where nothing was measured).
+std::string not_rounding(const CheckContext& ctx, const TensorDiff& d) {
+  const auto t = tensor_rounding(ctx, d);
+  if (t.rounding || t.rule == "none") return "";
+  if (t.rule == "float64") {
+    return fmt::format("; rerun in float64 it still differs by {:.3g}, where rounding shrinks below {:.3g}: not rounding",
+                       t.float64, t.bound);
+  }
+  return fmt::format("; {:.3g} times the reordering error a sum of its own size allows: not rounding",
+                     t.bound > 0 ? d.max_abs / t.bound : 0.0);
+}
 
 // The cause and site of one differing tensor, and the evidence for it, in words.
 Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidence& step, std::string& evidence) {
@@ -73,26 +85,19 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
     f.cause = kOffload;
     evidence = fmt::format("offloaded, the plain step's {} differs from the plain step's too: the offload's hooks "
                            "changed it, checkpoints aside (see the offload check)", d.name);
-  } else if (step.rounding && ctx.records.compiled) {
+  } else if (step.rounding.rounding) {
     f.cause = Cause::kAccumulationOrder;
-    evidence = fmt::format(
-        "the loss, outputs and gradients differ by rounding only; this one by {:.3g}, within {} epsilons of its "
-        "largest value: the compiled checkpointed step computes the same math in other kernels",
-        d.max_abs, kReassociationEps);
-  } else if (step.rounding) {
-    f.cause = Cause::kAccumulationOrder;
-    evidence = fmt::format(
-        "every recompute reproduced its forward bitwise and the loss and outputs are equal; the gradient "
-        "differs by {:.3g}, within {} epsilons of its largest value: the backward summed the same "
-        "contributions in another order", d.max_abs, kReassociationEps);
+    evidence = ctx.records.compiled ? step.rounding.sentence + " (the compiled checkpointed step computes the same "
+                                                                "math in other kernels)"
+                                    : step.rounding.sentence;
   } else if (const auto lost = explained.empty() ? graph_lost_in_no_grad_forward(ctx, d.name) : std::nullopt) {
     f.cause = lost->cause;
     f.site = lost->site;
-    evidence = lost->evidence;
+    evidence = lost->evidence + not_rounding(ctx, d);
   } else if (const auto kept = explained.empty() && step.faithful ? kept_from_no_grad_forward(ctx, d.name) : std::nullopt) {
     f.cause = kept->cause;
     f.site = kept->site;
-    evidence = kept->evidence;
+    evidence = kept->evidence + not_rounding(ctx, d);
   } else if (explained.empty()) {
     // No hazard explains it: say so, rather than guess one (the determinism probe did not fail).
     f.cause = Cause::kUnexplained;
@@ -103,6 +108,7 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
                : step.faithful ? "every recompute reproduced its forward bitwise, so something outside the recomputed "
                                "ops changed it (a hook, or code that assigns or frees .grad); run `ckcheck diagnose`"
                              : "no site-level evidence explains it; run `ckcheck diagnose`";
+    evidence += not_rounding(ctx, d);
   } else {
     // Compiled, each unit's explanation is its own graph's (a block recomputing its own random ops):
     // a tensor of a unit that has one is that unit's; otherwise, and eagerly, the first.
@@ -219,7 +225,9 @@ class GradientsCheck : public Check {
     if (auto not_repeatable = plain_not_repeatable(id(), ctx)) return *not_repeatable;
     StepEvidence step;
     step.explained = explain_sites(ctx);
-    step.rounding = rounding_only(ctx, step.explained) && !graph_lost_in_no_grad_forward(ctx, "");
+    step.rounding = rounding_evidence(ctx, step.explained);
+    // A lost contribution is looked for before rounding is concluded.
+    if (graph_lost_in_no_grad_forward(ctx, "")) step.rounding.rounding = false;
     bool recomputed = false, all_equal = true;  // a call whose outputs were not compared vouches for nothing
     for (const auto& c : ctx.records.checkpointed.calls) {
       if (!c.recomputed) continue;
@@ -251,9 +259,14 @@ class GradientsCheck : public Check {
     r.details["differing"] = differing;
     if (differing > 0) {
       // Rounding from another summation order is not a wrong gradient: a warning that says so.
-      r.status = step.rounding ? Status::kWarn : Status::kFail;
+      r.status = step.rounding.rounding ? Status::kWarn : Status::kFail;
       r.summary = fmt::format("{} of {} tensors differ ({}){}", differing, compared, ctx.tolerance.text(),
-                              step.rounding ? " by rounding only: gradients summed in another order" : "");
+                              step.rounding.rounding ? " by rounding only: gradients summed in another order" : "");
+      if (!step.rounding.sentence.empty()) {
+        r.details["rounding"] = step.rounding.details;
+        r.details["rounding"]["rounding"] = step.rounding.rounding;
+        r.details["rounding"]["evidence"] = step.rounding.sentence;
+      }
       return r;
     }
     r.summary = fmt::format("{} tensors equal ({}) with {} checkpointed", compared, ctx.tolerance.text(),

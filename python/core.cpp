@@ -353,6 +353,11 @@ class PythonModel : public Model, public ParallelEngine {
     }
   }
 
+  void precision_changed(std::optional<c10::ScalarType> dtype) override {
+    IntoPython gil;
+    adapter_.attr("precision_changed")(dtype.has_value());
+  }
+
   std::map<std::string, std::string> options() const override {
     IntoPython gil;
     return adapter_.attr("options")().cast<std::map<std::string, std::string>>();

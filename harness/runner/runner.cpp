@@ -441,10 +441,11 @@ std::vector<Tensor> forward_under(const Autocast& autocast, Model& model, const 
 
 // The leaves a step starts from: fresh copies of the inputs, each requiring grad as the model's
 // own did (or every floating-point one, when the run asks for input gradients).
-std::vector<Tensor> leaf_inputs(const std::vector<Tensor>& inputs, bool all_require_grad) {
+std::vector<Tensor> leaf_inputs(const std::vector<Tensor>& inputs, bool all_require_grad,
+                                std::optional<c10::ScalarType> dtype = std::nullopt) {
   std::vector<Tensor> xs;
   for (const auto& x : inputs) {
-    auto leaf = x.detach().clone();
+    auto leaf = dtype && x.defined() && x.is_floating_point() ? x.detach().to(*dtype) : x.detach().clone();
     const bool wants = x.requires_grad() || (all_require_grad && x.is_floating_point());
     if (wants && (leaf.is_floating_point() || leaf.is_complex())) leaf.requires_grad_(true);
     xs.push_back(leaf);
@@ -723,7 +724,8 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       const auto versions = parameter_versions(params);
       for (int64_t mb = 1; mb <= config_.accumulate; ++mb) {
         if (tp) tp->set_phase(Phase::kForward);
-        const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1), config_.input_requires_grad);
+        const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1), config_.input_requires_grad,
+                                    config_.compute_dtype);
         const auto rng_before = RngState::capture();
         quiet.reset();
         const auto outs = forward_under(autocast, model_, xs, sites);

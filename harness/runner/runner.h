@@ -64,6 +64,9 @@ struct RunConfig {
   /// unit whose recompute did not reproduce its forward bitwise is probed (or one the checkpointed
   /// step did not show): the recompute already is a second run of the unit on its inputs.
   bool probe_every_unit = false;
+  /// Every floating-point input converted to this dtype as it is made (the float64 rerun, whose
+  /// parameters and state Runner::rerun_in_float64 converts); as the model makes them otherwise.
+  std::optional<c10::ScalarType> compute_dtype;
 };
 
 /// One recorded tensor of a step.
@@ -179,6 +182,28 @@ struct Measurement {
   std::vector<int64_t> instructions;    // instructions retired per step, where counting works
 };
 
+/// One tensor of the float64 rerun: how far its checkpointed value lies from its plain value there,
+/// and its plain value's largest magnitude.
+struct PrecisionDiff {
+  std::string name;
+  std::string kind;
+  int64_t step = 1;
+  double max_abs = 0.0;  // 0 when equal
+  double scale = 0.0;
+  bool present = true;   // false when one side of the rerun has no such tensor
+};
+
+/// The plain and checkpointed steps run again in float64 from the same state, seed and inputs (the
+/// evidence that tells rounding from a real difference: rounding shrinks by the ratio of the two
+/// precisions, a lost or changed contribution keeps its size).
+struct PrecisionRerun {
+  std::string dtype = "float64";
+  std::string error;  // why the rerun could not be made or did not finish ("" when it ran)
+  std::vector<PrecisionDiff> diffs;  // every tensor the plain rerun recorded
+  double cpu_seconds = 0.0;
+  const PrecisionDiff* find(const std::string& name, const std::string& kind, int64_t step) const;
+};
+
 /// Median of a sample (0 when empty).
 double median(std::vector<double> values);
 
@@ -201,6 +226,9 @@ struct RunRecords {
   /// A second plain step from the same restored state, run when the checkpointed step differs:
   /// the tensors on which the two plain steps disagree (empty: the plain step repeats).
   std::optional<std::vector<std::string>> plain_not_repeated;
+  /// The float64 rerun, made when the checkpointed step differs (a single eager process with
+  /// autocast off): nullopt when it was not made.
+  std::optional<PrecisionRerun> precision;
   /// Data-parallel: what each rank saw (gathered on rank 0 before the checks run).
   struct Rank {
     int rank = 0;
@@ -286,6 +314,11 @@ class Runner {
   /// measure() through any site runner (a profiler's), with a watch told where each step begins and ends.
   Measurement measure_with(SiteRunner& sites, int64_t warmup, int64_t steps, StepWatch* watch,
                            bool through_engine = false);
+
+  /// The plain step and the checkpointed step under `plan` again, with every floating parameter,
+  /// state tensor and input of the model converted to float64 (put back as they were afterwards),
+  /// compared tensor by tensor. Never throws: what stopped it is PrecisionRerun::error.
+  PrecisionRerun rerun_in_float64(const Plan& plan);
 
   const RunConfig& config() const { return config_; }
   Model& model() { return model_; }

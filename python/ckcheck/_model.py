@@ -29,7 +29,7 @@ import sys
 import torch
 from torch.utils import _pytree as pytree
 
-from ckcheck import _parallel
+from ckcheck import _float64, _parallel
 
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()).keys()) | {"forward"}
 _SCALARS = (bool, int, float, str, type(None))
@@ -1424,6 +1424,16 @@ class ModelAdapter:
         for path, m in self.module.named_modules():
             if path in modes:
                 m.training = modes[path]
+
+    def precision_changed(self, rerun):
+        """A float64 rerun begins (rerun) or ends: ops without a float64 kernel run by their
+        definition meanwhile (ckcheck._float64)."""
+        if rerun:
+            self._float64 = _float64.Float64Scope()
+            self._float64.begin()
+        elif getattr(self, "_float64", None) is not None:
+            scope, self._float64 = self._float64, None
+            scope.end()
 
     def to(self, device):
         self.module.to(device)

@@ -65,16 +65,78 @@ TEST(GradientsCheck, RoundingWithADifferentLossFails) {
   EXPECT_FALSE(has_cause(r, Cause::kAccumulationOrder)) << r;
 }
 
+// The float64 rerun's difference of one tensor (its plain value's largest magnitude `scale`).
+void rerun_shows(Records& rec, const std::string& name, const std::string& kind, double max_abs, double scale) {
+  if (!rec.records.precision) rec.records.precision.emplace();
+  rec.records.precision->diffs.push_back({name, kind, 1, max_abs, scale});
+}
+
 // A gradient whose true value is zero (BART's attention key bias) keeps the rounding noise of the
-// terms it was summed from: judged on the step's gradient scale, not on its own near-zero maximum.
-TEST(GradientsCheck, RoundingOfAGradientWhoseTrueValueIsZeroWarns) {
+// terms it was summed from, far beyond its own near-zero maximum: rounding when the float64 rerun
+// shows it shrink with the precision; without a rerun it is judged on its own scale, and fails.
+TEST(GradientsCheck, AGradientWhoseTrueValueIsZeroIsRoundingOnlyByTheFloat64Rerun) {
+  for (const bool rerun : {true, false}) {
+    Records rec(8 * 1.2e-7);
+    auto zero = torch::zeros({4}, torch::kFloat);
+    zero[1] = 3e-15;
+    auto noisy = zero.clone();
+    noisy[1] = -2e-14;
+    rec.records.reference.tensors.push_back({"bias", "param-grad", 1, zero});
+    rec.records.checkpointed.tensors.push_back({"bias", "param-grad", 1, noisy});
+    if (rerun) {
+      rerun_shows(rec, "w", "param-grad", 1e-15, 1.0);
+      rerun_shows(rec, "bias", "param-grad", 4e-23, 5e-24);
+    }
+    const auto r = rec.run();
+    EXPECT_EQ(r.status, rerun ? Status::kWarn : Status::kFail) << r;
+    EXPECT_EQ(has_cause(r, Cause::kAccumulationOrder), rerun) << r;
+    EXPECT_EQ(r.details["rounding"]["rule"], rerun ? "float64" : "own-scale") << r;
+  }
+}
+
+// A gradient small beside the step's others (a router's, fed by a small auxiliary loss) is judged
+// on its own size: a lost term of 5% of it is within 1024 epsilons of the step's largest gradient,
+// and must fail.
+TEST(GradientsCheck, AGradientSmallBesideTheOthersIsJudgedOnItsOwnScale) {
   Records rec(8 * 1.2e-7);
-  auto zero = torch::zeros({4}, torch::kFloat);
-  zero[1] = 3e-15;
-  auto noisy = zero.clone();
-  noisy[1] = -2e-14;
-  rec.records.reference.tensors.push_back({"bias", "param-grad", 1, zero});
-  rec.records.checkpointed.tensors.push_back({"bias", "param-grad", 1, noisy});
+  auto gate = torch::full({8}, 1e-3, torch::kFloat);
+  auto lost = gate.clone();
+  lost[2] += 5e-5;  // 5% of the gate's own value; 1e-4 of the step's largest gradient (1)
+  rec.records.reference.tensors.push_back({"gate", "param-grad", 1, gate});
+  rec.records.checkpointed.tensors.push_back({"gate", "param-grad", 1, lost});
+  const auto r = rec.run();
+  EXPECT_EQ(r.status, Status::kFail) << r;
+  EXPECT_FALSE(has_cause(r, Cause::kAccumulationOrder)) << r;
+  EXPECT_EQ(r.details["rounding"]["tensor"], "gate") << r;
+}
+
+// The float64 rerun decides both ways: a difference far beyond what a sum reorders in float32 that
+// shrinks with the precision is rounding; one of a few epsilons that keeps its size is not.
+TEST(GradientsCheck, TheFloat64RerunDecidesWhatSizeAloneCannot) {
+  {
+    Records rec(3e-3);  // 25000 epsilons of w's largest value
+    rerun_shows(rec, "w", "param-grad", 6e-12, 1.0);
+    const auto r = rec.run();
+    EXPECT_EQ(r.status, Status::kWarn) << r;
+    EXPECT_TRUE(has_cause(r, Cause::kAccumulationOrder)) << r;
+  }
+  {
+    Records rec(8 * 1.2e-7);  // a few epsilons, as rounding would be; in float64 the same size
+    rerun_shows(rec, "w", "param-grad", 9.5e-7, 1.0);
+    const auto r = rec.run();
+    EXPECT_EQ(r.status, Status::kFail) << r;
+    EXPECT_FALSE(has_cause(r, Cause::kAccumulationOrder)) << r;
+    EXPECT_EQ(r.details["rounding"]["rule"], "float64") << r;
+  }
+}
+
+// The loss and outputs are values rounding can explain too where the float64 rerun shows them
+// shrink; without a rerun an eager step's loss must be equal.
+TEST(GradientsCheck, ALossThatShrinksInFloat64IsRounding) {
+  Records rec(8 * 1.2e-7, true, 2e-9);
+  rec.same("output[0]", "output", torch::ones({2}, torch::kFloat));  // the loss's precision: float32
+  rerun_shows(rec, "w", "param-grad", 1e-15, 1.0);
+  rerun_shows(rec, "loss", "loss", 3e-18, 0.5);
   const auto r = rec.run();
   EXPECT_EQ(r.status, Status::kWarn) << r;
   EXPECT_TRUE(has_cause(r, Cause::kAccumulationOrder)) << r;

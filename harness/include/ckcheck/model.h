@@ -254,6 +254,12 @@ class Model {
   /// (--offload); nullopt otherwise.
   virtual std::optional<OffloadFacts> offload_facts() const { return std::nullopt; }
 
+  /// Told when a float64 rerun begins (`dtype`: every floating parameter, state tensor and input
+  /// now has it, and it is the default dtype) and when it ends (nullopt). That rerun is ckcheck's
+  /// evidence that a difference is rounding; a model computes in it as it can -- a Python model's
+  /// ops without a float64 kernel (torch._grouped_mm) by their definition. Nothing by default.
+  virtual void precision_changed(std::optional<c10::ScalarType> dtype) {}
+
   /// Model options as given, for reports and the reproduce command ("layers" -> "4").
   virtual std::map<std::string, std::string> options() const { return {}; }
 

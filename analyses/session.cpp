@@ -4,11 +4,16 @@
 #include <optional>
 #include <set>
 
+#include "analyses/noise.h"
 #include "harness/support/memory.h"
 
 namespace ckcheck {
 
 namespace {
+
+// --tolerance auto: plain reruns beside the repeat every differing run makes (the last with another
+// thread count), so that the noise is sampled four times.
+constexpr int kNoiseReruns = 3;
 // What the diff says of its record besides the values: its name, kind, step and point.
 void describe(TensorDiff& d, const TensorRecord& t) {
   d.name = t.name;
@@ -95,22 +100,31 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
   const double cpu_records = process_cpu_seconds();
   std::optional<double> repeated;  // the second plain step's CPU time, when one ran
   if (after_records) after_records(out.records);
-  out.diffs = compare_records(out.records.reference, out.records.checkpointed, tolerance);
+  // Under --tolerance auto a step's tensors are compared bitwise, then against the plain step's noise.
+  const Tolerance step_tolerance = tolerance.automatic() ? Tolerance{} : tolerance;
+  out.diffs = compare_records(out.records.reference, out.records.checkpointed, step_tolerance);
   // When the checkpointed step differs, is the plain step itself repeatable? If two plain steps
   // from the same restored state differ, checkpointing is not to blame. (One process only: ranks
   // would have to repeat in lockstep.)
   const bool differs = std::any_of(out.diffs.begin(), out.diffs.end(), [](const TensorDiff& d) { return !d.equal; });
   if (differs && out.records.reference.error.empty() && out.records.checkpointed.error.empty() &&
       runner.config().data_parallel == nullptr) {
+    const double cpu_repeat = process_cpu_seconds();
     StepOptions plain;
     plain.evidence = false;
     const auto again = runner.run(nullptr, plain, "reference-repeat");
     std::vector<std::string> names;
-    for (const auto& d : compare_records(out.records.reference, again, tolerance)) {
-      if (!d.equal) names.push_back(d.name);
+    if (tolerance.automatic()) {
+      out.records.noise = measure_noise(runner, out.records.reference, again, kNoiseReruns);
+      names = noise_beyond_rounding(*out.records.noise, out.records.reference);
+      within_noise(out.diffs, *out.records.noise);
+    } else {
+      for (const auto& d : compare_records(out.records.reference, again, tolerance)) {
+        if (!d.equal) names.push_back(d.name);
+      }
     }
     out.records.plain_not_repeated = names;
-    repeated = again.cpu_seconds;
+    repeated = process_cpu_seconds() - cpu_repeat;
     if (needs_precision_evidence(out, runner)) {
       out.records.precision = runner.rerun_in_float64(plan);
     }

@@ -177,12 +177,16 @@ std::optional<CheckResult> plain_not_repeatable(const std::string& id, const Che
       ctx.records.compiled
           ? "compiled kernels that add in parallel (on the CPU, inductor's embedding backward adds across threads), "
             "or state ckcheck cannot see; compare within a --tolerance (rtol=1e-4,atol=1e-6)"
-          : "state ckcheck cannot see (declare it: Model::extra_state, a buffer or an attribute) or a non-deterministic "
-            "op outside the checkpointed sites";
+          : ctx.tolerance.automatic()
+              ? "random numbers drawn outside the seeded generators, or state ckcheck cannot see (declare it: "
+                "Model::extra_state, a buffer or an attribute)"
+              : "state ckcheck cannot see (declare it: Model::extra_state, a buffer or an attribute) or a "
+                "non-deterministic op outside the checkpointed sites; for reductions that regroup from run to run, "
+                "--tolerance auto judges the checkpointed step against the plain step's own noise";
   r.summary = fmt::format(
-      "two plain steps from the same restored state already differ ({} tensors, first {}): the step is not repeatable "
-      "without checkpointing, so checkpointing cannot be judged -- {}",
-      names->size(), names->front(), why);
+      "two plain steps from the same restored state already differ ({} tensors, first {}){}: the step is not "
+      "repeatable without checkpointing, so checkpointing cannot be judged -- {}",
+      names->size(), names->front(), ctx.tolerance.automatic() ? ", beyond rounding" : "", why);
   r.details["plain_not_repeated"] = *names;
   return r;
 }

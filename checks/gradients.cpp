@@ -57,6 +57,32 @@ struct StepEvidence {
   std::vector<std::string> offload_changed;  // --offload: tensors the offload's hooks change in the plain step
 };
 
+// --tolerance auto: what the plain step's reruns measured, for the report.
+nlohmann::json noise_json(const NoiseEnvelope& noise) {
+  size_t varying = 0;
+  double largest = 0.0;
+  std::string noisiest;
+  for (const auto& e : noise.entries) {
+    if (e.max_abs <= 0.0) continue;
+    ++varying;
+    const double rel = e.scale > 0 ? e.max_abs / e.scale : 0.0;
+    if (rel > largest) largest = rel, noisiest = e.name;
+  }
+  return {{"plain_reruns", noise.reruns}, {"threads", noise.threads}, {"varying", varying},
+          {"largest_relative", largest}, {"noisiest", noisiest}, {"within_noise", noise.within},
+          {"factor", NoiseEnvelope::kFactor}};
+}
+
+// The tolerance as the summary says it: under auto, with the noise it was judged against.
+std::string tolerance_words(const CheckContext& ctx) {
+  const auto& noise = ctx.records.noise;
+  if (!ctx.tolerance.automatic() || !noise) return ctx.tolerance.text();
+  size_t varying = 0;
+  for (const auto& e : noise->entries) varying += e.max_abs > 0.0;
+  return fmt::format("auto: {} of the plain step's tensors vary over {} reruns, {} within {:g} times that noise",
+                     varying, noise->reruns, noise->within.size(), NoiseEnvelope::kFactor);
+}
+
 // Why a differing tensor is no rounding, as measured ("" where nothing was measured).
 std::string not_rounding(const CheckContext& ctx, const TensorDiff& d) {
   const auto t = tensor_rounding(ctx, d);
@@ -257,10 +283,11 @@ class GradientsCheck : public Check {
     if (restructured) add_finding(r, structure_finding(ctx));
     r.details["compared"] = compared;
     r.details["differing"] = differing;
+    if (const auto& noise = ctx.records.noise) r.details["noise"] = noise_json(*noise);
     if (differing > 0) {
       // Rounding from another summation order is not a wrong gradient: a warning that says so.
       r.status = step.rounding.rounding ? Status::kWarn : Status::kFail;
-      r.summary = fmt::format("{} of {} tensors differ ({}){}", differing, compared, ctx.tolerance.text(),
+      r.summary = fmt::format("{} of {} tensors differ ({}){}", differing, compared, tolerance_words(ctx),
                               step.rounding.rounding ? " by rounding only: gradients summed in another order" : "");
       if (!step.rounding.sentence.empty()) {
         r.details["rounding"] = step.rounding.details;
@@ -269,7 +296,7 @@ class GradientsCheck : public Check {
       }
       return r;
     }
-    r.summary = fmt::format("{} tensors equal ({}) with {} checkpointed", compared, ctx.tolerance.text(),
+    r.summary = fmt::format("{} tensors equal ({}) with {} checkpointed", compared, tolerance_words(ctx),
                             count_of(ctx.plan.units.size(), "unit"));
     if (restructured) {
       r.status = Status::kWarn;

@@ -56,7 +56,7 @@ const OptionTable<BenchCliOptions>& bench_option_table() {
                     .config("time_budget"));
     t.push_back(Row("--tolerance",
                     "when tensors count as equal in the checks every policy's checkpointed step must pass before it is "
-                    "ranked (those of ckcheck run): bitwise, rtol=R,atol=A or ulp=N",
+                    "ranked (those of ckcheck run): bitwise, auto, rtol=R,atol=A or ulp=N",
                     &BenchCliOptions::tolerance)
                     .config("tolerance"));
     t.push_back(Row("--world-size",

@@ -41,7 +41,7 @@ const OptionTable<PlanCliOptions>& plan_option_table() {
                     .config("time_budget"));
     t.push_back(Row("--tolerance",
                     "when tensors count as equal in the checks each plan must pass before it is recommended (those of "
-                    "ckcheck run): bitwise, rtol=R,atol=A or ulp=N",
+                    "ckcheck run): bitwise, auto, rtol=R,atol=A or ulp=N",
                     &PlanCliOptions::tolerance)
                     .config("tolerance"));
     t.push_back(Row("--threads",

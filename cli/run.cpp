@@ -27,7 +27,8 @@ namespace {
 OptionTable<RunOptions> shared_run_rows() {
   using Row = OptionRow<RunOptions>;
   OptionTable<RunOptions> t;
-  t.push_back(Row("--tolerance", "when tensors count as equal: bitwise, rtol=R,atol=A or ulp=N", &RunOptions::tolerance)
+  t.push_back(Row("--tolerance", "when tensors count as equal: bitwise, auto (within the plain step's own noise, measured by rerunning it), "
+                  "rtol=R,atol=A or ulp=N", &RunOptions::tolerance)
                   .shared());
   t.push_back(Row("--no-preserve-rng", "do not replay the RNG state in the recompute (shows what dropout does without it)",
                   &RunOptions::no_preserve_rng)

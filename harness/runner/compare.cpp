@@ -13,7 +13,7 @@ namespace ckcheck {
 
 namespace {
 
-const char* kToleranceForms = "bitwise, rtol=R,atol=A (either may be left out) or ulp=N";
+const char* kToleranceForms = "bitwise, auto, rtol=R,atol=A (either may be left out) or ulp=N";
 
 double parse_number(const std::string& text, const std::string& whole) {
   const auto v = parse_double(text);
@@ -54,6 +54,10 @@ torch::Tensor ordered_bits(const torch::Tensor& t) {
 Tolerance Tolerance::parse(const std::string& text) {
   Tolerance t;
   if (text == "bitwise" || text == "exact") return t;
+  if (text == "auto") {
+    t.kind = Kind::kAuto;
+    return t;
+  }
   if (text.rfind("ulp=", 0) == 0) {
     t.kind = Kind::kUlp;
     const double v = parse_number(text.substr(4), text);
@@ -98,6 +102,8 @@ std::string Tolerance::text() const {
       return fmt::format("rtol={:g},atol={:g}", rtol, atol);
     case Kind::kUlp:
       return fmt::format("ulp={}", ulp);
+    case Kind::kAuto:
+      return "auto";
   }
   return "";
 }
@@ -164,6 +170,16 @@ torch::Tensor accepted(const torch::Tensor& ref, const torch::Tensor& got, const
     case Tolerance::Kind::kUlp:
       if (ref.is_floating_point() && ref.scalar_type() == got.scalar_type()) {
         return equal_values | (finite & (ulp_distance(ref.flatten(), got.flatten()) <= tol.ulp));
+      }
+      return equal_values;
+    case Tolerance::Kind::kAuto:
+      if (ref.is_floating_point()) {
+        const double eps = c10::elementSize(ref.scalar_type()) >= 8 ? 2.220446049250313e-16
+                           : ref.scalar_type() == torch::kFloat      ? 1.1920928955078125e-07
+                           : ref.scalar_type() == torch::kHalf       ? 9.765625e-04
+                                                                     : 7.8125e-03;
+        const double bound = kAutoEpsilons * eps * torch::where(torch::isfinite(r), r.abs(), torch::zeros_like(r)).max().item<double>();
+        return equal_values | (finite & ((r - g).abs() <= bound));
       }
       return equal_values;
   }

@@ -13,8 +13,11 @@ namespace ckcheck {
 ///   bitwise            every element equal; NaN equals NaN in the same place (+0 equals -0)
 ///   rtol=R,atol=A      |checkpointed - reference| <= A + R * |reference|, as torch.allclose
 ///   ulp=N              at most N units in the last place apart, in the tensor's own dtype
+///   auto               a step's tensors within the noise of the plain step rerun (the session
+///                      measures it: NoiseEnvelope); other values within the reordering error of a
+///                      sum on their own scale (kAutoEpsilons epsilons of their largest magnitude)
 struct Tolerance {
-  enum class Kind { kBitwise, kClose, kUlp };
+  enum class Kind { kBitwise, kClose, kUlp, kAuto };
   Kind kind = Kind::kBitwise;
   double rtol = 0.0;
   double atol = 0.0;
@@ -24,7 +27,12 @@ struct Tolerance {
   static Tolerance parse(const std::string& text);
   std::string text() const;
   bool bitwise() const { return kind == Kind::kBitwise; }
+  bool automatic() const { return kind == Kind::kAuto; }
 };
+
+/// Under --tolerance auto, how many epsilons of a value's own largest magnitude rounding may move it
+/// where no noise was measured (a unit's outputs in the determinism probe).
+constexpr double kAutoEpsilons = 1024.0;
 
 /// How a checkpointed tensor differs from its reference.
 struct TensorDiff {

@@ -204,6 +204,29 @@ struct PrecisionRerun {
   const PrecisionDiff* find(const std::string& name, const std::string& kind, int64_t step) const;
 };
 
+/// --tolerance auto: the noise of the plain step, measured by running it again from the same state
+/// (once with another thread count, which regroups the CPU's parallel sums): per tensor, the
+/// largest difference a rerun showed from the reference.
+struct NoiseEnvelope {
+  /// How many times a tensor's measured noise a checkpointed difference may reach and still count
+  /// as noise: four reruns sample the noise, the checkpointed step is one more draw of it.
+  static constexpr double kFactor = 4.0;
+  int reruns = 0;
+  std::vector<int> threads;  // each rerun's intra-op thread count
+  struct Entry {
+    std::string name;
+    std::string kind;
+    int64_t step = 1;
+    double max_abs = 0.0;  // the largest difference a rerun showed (0: every rerun equal)
+    double scale = 0.0;    // the reference's largest magnitude
+  };
+  std::vector<Entry> entries;  // every tensor of the reference
+  /// The checkpointed step's tensors that differed from the reference within their noise (counted
+  /// equal).
+  std::vector<std::string> within;
+  const Entry* find(const std::string& name, const std::string& kind, int64_t step) const;
+};
+
 /// Median of a sample (0 when empty).
 double median(std::vector<double> values);
 
@@ -226,6 +249,8 @@ struct RunRecords {
   /// A second plain step from the same restored state, run when the checkpointed step differs:
   /// the tensors on which the two plain steps disagree (empty: the plain step repeats).
   std::optional<std::vector<std::string>> plain_not_repeated;
+  /// --tolerance auto: the plain step's noise, measured when the checkpointed step differs.
+  std::optional<NoiseEnvelope> noise;
   /// The float64 rerun, made when the checkpointed step differs (a single eager process with
   /// autocast off): nullopt when it was not made.
   std::optional<PrecisionRerun> precision;

@@ -19,9 +19,24 @@ TEST(Tolerance, Parses) {
   EXPECT_DOUBLE_EQ(t.atol, 1e-8);
   EXPECT_EQ(Tolerance::parse("atol=0.5").text(), "rtol=0,atol=0.5");
   EXPECT_EQ(Tolerance::parse("ulp=4").ulp, 4);
+  EXPECT_TRUE(Tolerance::parse("auto").automatic());
+  EXPECT_EQ(Tolerance::parse("auto").text(), "auto");
   for (const std::string bad : {"", "tight", "rtol=", "rtol=x", "rtol=-1", "ulp=1.5", "ulp=", "rtol=1,foo=2", "atol=nan"}) {
     EXPECT_THROW(Tolerance::parse(bad), UsageError) << bad;
   }
+}
+
+// Under auto, a value no noise was measured for (a unit's outputs) is equal within the reordering
+// error of a sum on its own scale, and not beyond.
+TEST(Compare, AutoAcceptsRoundingOnTheTensorsOwnScaleOnly) {
+  const auto a = torch::full({8}, 2.0f);
+  auto near = a.clone();
+  near[3] += 100 * 2.0f * 1.1920928955078125e-07f;  // 100 epsilons of the largest value
+  auto far = a.clone();
+  far[3] += 4096 * 2.0f * 1.1920928955078125e-07f;
+  EXPECT_TRUE(compare_tensors(a, near, Tolerance::parse("auto")).equal);
+  EXPECT_FALSE(compare_tensors(a, far, Tolerance::parse("auto")).equal);
+  EXPECT_FALSE(compare_tensors(a, near, Tolerance()).equal);
 }
 
 TEST(Compare, NanInTheSamePlaceIsEqual) {

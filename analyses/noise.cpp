@@ -32,21 +32,6 @@ void widen(NoiseEnvelope& noise, const StepRecord& reference, const StepRecord& 
   }
 }
 
-double epsilon_of(c10::ScalarType t) {
-  switch (t) {
-    case torch::kDouble:
-      return 2.220446049250313e-16;
-    case torch::kFloat:
-      return 1.1920928955078125e-07;
-    case torch::kHalf:
-      return 9.765625e-04;
-    case torch::kBFloat16:
-      return 7.8125e-03;
-    default:
-      return 0.0;
-  }
-}
-
 }  // namespace
 
 NoiseEnvelope measure_noise(Runner& runner, const StepRecord& reference, const StepRecord& first, int reruns) {
@@ -103,7 +88,7 @@ std::vector<std::string> noise_beyond_rounding(const NoiseEnvelope& noise, const
     const auto& t = reference.tensors[i];
     if (e.max_abs <= 0.0 || !t.value.defined()) continue;
     // The loss is kept in double, computed in the outputs' precision: float32's epsilon at the least.
-    const double eps = std::max(epsilon_of(t.value.scalar_type()), t.kind == "loss" ? epsilon_of(torch::kFloat) : 0.0);
+    const double eps = std::max(machine_epsilon(t.value.scalar_type()), t.kind == "loss" ? machine_epsilon(torch::kFloat) : 0.0);
     if (e.max_abs > kAutoEpsilons * eps * e.scale) out.push_back(e.name);
   }
   return out;

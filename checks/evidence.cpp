@@ -241,21 +241,8 @@ bool fires_as_plain(const CheckContext& ctx, const HookCount& h) {
 
 namespace {
 
-// Machine epsilon of a floating-point dtype (0 for others).
-double epsilon_of(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kDouble:
-      return 2.220446049250313e-16;
-    case torch::kFloat:
-      return 1.1920928955078125e-07;
-    case torch::kHalf:
-      return 9.765625e-04;
-    case torch::kBFloat16:
-      return 7.8125e-03;
-    default:
-      return 0.0;
-  }
-}
+// Machine epsilon of a floating-point tensor's dtype (0 for others).
+double epsilon_of(const torch::Tensor& t) { return machine_epsilon(t.scalar_type()); }
 
 bool is_gradient(const std::string& kind) {
   return kind.rfind("param-grad", 0) == 0 || kind == "input-grad";  // and the kinds of param-grad (partial sums)

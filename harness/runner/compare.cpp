@@ -51,6 +51,21 @@ torch::Tensor ordered_bits(const torch::Tensor& t) {
 
 }  // namespace
 
+double machine_epsilon(c10::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kDouble:
+      return 2.220446049250313e-16;
+    case torch::kFloat:
+      return 1.1920928955078125e-07;
+    case torch::kHalf:
+      return 9.765625e-04;
+    case torch::kBFloat16:
+      return 7.8125e-03;
+    default:
+      return 0.0;
+  }
+}
+
 Tolerance Tolerance::parse(const std::string& text) {
   Tolerance t;
   if (text == "bitwise" || text == "exact") return t;
@@ -174,11 +189,8 @@ torch::Tensor accepted(const torch::Tensor& ref, const torch::Tensor& got, const
       return equal_values;
     case Tolerance::Kind::kAuto:
       if (ref.is_floating_point()) {
-        const double eps = c10::elementSize(ref.scalar_type()) >= 8 ? 2.220446049250313e-16
-                           : ref.scalar_type() == torch::kFloat      ? 1.1920928955078125e-07
-                           : ref.scalar_type() == torch::kHalf       ? 9.765625e-04
-                                                                     : 7.8125e-03;
-        const double bound = kAutoEpsilons * eps * torch::where(torch::isfinite(r), r.abs(), torch::zeros_like(r)).max().item<double>();
+        const auto magnitude = torch::where(torch::isfinite(r), r.abs(), torch::zeros_like(r)).max().item<double>();
+        const double bound = kAutoEpsilons * machine_epsilon(ref.scalar_type()) * magnitude;
         return equal_values | (finite & ((r - g).abs() <= bound));
       }
       return equal_values;

@@ -30,6 +30,9 @@ struct Tolerance {
   bool automatic() const { return kind == Kind::kAuto; }
 };
 
+/// Machine epsilon of a floating dtype (0 for other dtypes).
+double machine_epsilon(c10::ScalarType dtype);
+
 /// Under --tolerance auto, how many epsilons of a value's own largest magnitude rounding may move it
 /// where no noise was measured (a unit's outputs in the determinism probe).
 constexpr double kAutoEpsilons = 1024.0;

@@ -163,6 +163,16 @@ void setup_run(CLI::App& app, int& exit_code) {
   add_model_args(*sub, o->model);
   add_run_options(*sub, *o, builtin_checks(), /*all=*/true);
   add_report_option(*sub, o->reports);
+  sub->add_option("--baseline", o->baseline,
+                  "a baseline FILE (from --export, or a JSON report): exit 1 when the verdict, a check's status or "
+                  "its causes changed against it, 0 when none did (a failure that stays the same passes); the "
+                  "changes are printed under the verdict")
+      ->type_name("FILE")
+      ->check(CLI::ExistingFile);
+  sub->add_option("--export", o->export_to,
+                  "write this run's baseline to FILE (its verdict, and each check's status and causes; the same as "
+                  "--report baseline=FILE), for a later --baseline FILE")
+      ->type_name("FILE");
   sub->callback([o, &exit_code] { exit_code = run_run(*o); });
 }
 
@@ -400,12 +410,17 @@ Report run_in_process(const RunOptions& o) {
 }
 
 int run_and_report(const RunOptions& o, const std::string& command) {
-  // The report targets are checked before any work is done.
-  const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
+  // The report targets and the baseline are checked before any work is done.
+  auto reports = o.reports;
+  if (!o.export_to.empty()) reports.push_back("baseline=" + o.export_to);
+  const auto targets = report_targets(reports, {o.model.model, o.model.input_file, o.baseline});
+  const auto baseline = o.baseline.empty() ? std::nullopt : std::optional<nlohmann::json>(read_baseline(o.baseline));
   int status = 0;
-  const auto report = run_report(o, command, status);
+  auto report = run_report(o, command, status);
   if (!report) return status;
+  if (baseline) report->baseline = BaselineComparison{o.baseline, baseline_changes(*baseline, *report)};
   commit_reports(*report, targets);
+  if (report->baseline) return report->baseline->changes.empty() ? 0 : 1;
   return report->verdict == Verdict::kPass ? 0 : 1;
 }
 

@@ -29,6 +29,10 @@ struct RunOptions {
   bool recompute_fp32 = false;
   std::vector<std::string> checks;
   std::vector<std::string> reports;
+  /// --baseline FILE: a baseline (or JSON report) the verdict, checks and causes must match.
+  std::string baseline;
+  /// --export FILE: write this run's baseline there (--report baseline=FILE).
+  std::string export_to;
   /// The RunConfig fields an option sets as they are (--lr, --accumulate); run_config adds the
   /// model's and the protections'.
   RunConfig config;

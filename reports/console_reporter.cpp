@@ -91,6 +91,14 @@ class ConsoleReporter : public Reporter {
           << "\n";
     }
     out << "verdict: " << verdict(r) << "\n";
+    if (r.baseline) {
+      const auto& b = *r.baseline;
+      out << "baseline " << clean(b.path) << ": "
+          << (b.changes.empty() ? paint("unchanged", "32;1")
+                                : paint(fmt::format("{} changed", b.changes.size() == 1 ? "1 thing" : std::to_string(b.changes.size()) + " things"), "31;1") +
+                                      " -- " + clean(fmt::format("{}", fmt::join(b.changes, "; "))))
+          << "\n";
+    }
     if (!r.reproduce.empty()) out << "reproduce: " << r.reproduce << "\n";
   }
 

@@ -144,6 +144,10 @@ nlohmann::json report_json(const Report& r) {
                  {"plain_step_cpu_seconds", r.cost->plain_step_seconds},
                  {"phases", phases}};
   }
+  if (r.baseline) {
+    j["baseline"] = {{"file", r.baseline->path}, {"unchanged", r.baseline->changes.empty()},
+                     {"changes", r.baseline->changes}};
+  }
   j["seconds"] = r.seconds;
   j["reproduce"] = r.reproduce;
   return j;

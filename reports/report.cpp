@@ -41,7 +41,7 @@ std::string version_text() {
 }
 
 const std::vector<std::string>& report_formats() {
-  static const std::vector<std::string> formats = {"console", "json", "junit", "markdown", "html"};
+  static const std::vector<std::string> formats = {"console", "json", "junit", "markdown", "html", "baseline"};
   return formats;
 }
 
@@ -195,6 +195,7 @@ void write_reports(const Report& report, const std::vector<ReportTarget>& target
     if (t.format == "junit") reporter = make_junit_reporter();
     if (t.format == "markdown") reporter = make_markdown_reporter();
     if (t.format == "html") reporter = make_html_reporter();
+    if (t.format == "baseline") reporter = make_baseline_reporter();
     std::ostringstream s;
     reporter->write(report, s);
     texts.push_back(s.str());

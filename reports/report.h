@@ -41,6 +41,12 @@ struct ModelInfo {
   std::vector<InputInfo> inputs;          // the step's inputs: input gradients are compared where they require grad
 };
 
+/// run --baseline FILE: the stored verdict, checks and causes against this run's.
+struct BaselineComparison {
+  std::string path;
+  std::vector<std::string> changes;  // "verdict pass -> fail", "rng: pass -> fail", ...; none: unchanged
+};
+
 struct Report {
   std::string command = "run";  // run, diagnose, bench, plan, validate-op
   Verdict verdict = Verdict::kPass;
@@ -56,6 +62,7 @@ struct Report {
   std::string plan_command;                // plan: the ckcheck run command of the plan recommended
   std::optional<OpValidation> validation;  // validate-op
   std::optional<CheckCost> cost;           // run: the check's CPU time in plain steps
+  std::optional<BaselineComparison> baseline;  // run --baseline: what changed against it
   double seconds = 0.0;
 };
 
@@ -93,6 +100,17 @@ std::unique_ptr<Reporter> make_json_reporter();
 std::unique_ptr<Reporter> make_junit_reporter();
 std::unique_ptr<Reporter> make_markdown_reporter();
 std::unique_ptr<Reporter> make_html_reporter();
+std::unique_ptr<Reporter> make_baseline_reporter();
+
+/// The baseline CI keeps for a run (--export FILE): the verdict, and each check's status and
+/// causes, with the model and the reproduce line that made it.
+nlohmann::json baseline_json(const Report& report);
+/// A baseline --export wrote (or a whole JSON report), read and checked; throws FieldError
+/// ("baseline") for a file that cannot be read or is neither.
+nlohmann::json read_baseline(const std::string& path);
+/// What changed from `stored` to `now`: the verdict, a check's status or causes, a check run in one
+/// only; empty when nothing did.
+std::vector<std::string> baseline_changes(const nlohmann::json& stored, const Report& now);
 
 /// One --report argument: FORMAT (standard output) or FORMAT=PATH.
 struct ReportTarget {

@@ -40,7 +40,7 @@ class DataParallelCheck : public Check {
     // Random numbers anywhere in the step (not only in checkpointed sites: under --policy none
     // there are none).
     bool draws = ctx.records.reference.forward_draws || ctx.records.checkpointed.forward_draws;
-    for (const auto& c : ctx.records.checkpointed.calls) draws = draws || c.rng_consumed;
+    for (const auto& c : ctx.records.checkpointed.calls) draws = draws || c.rng_consumed || !c.forward_draws.empty();
     if (ctx.records.probes) {
       for (const auto& p : *ctx.records.probes) draws = draws || p.rng_consumed || !p.random_ops.empty();
     }

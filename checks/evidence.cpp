@@ -148,6 +148,44 @@ bool private_generator_drew_again(const CheckContext& ctx, const std::string& si
   });
 }
 
+const RandomDraw* unreplayed_draw(const CallEvidence& call) {
+  for (const auto& d : call.recompute_draws) {
+    if (std::find(call.forward_draws.begin(), call.forward_draws.end(), d) == call.forward_draws.end()) return &d;
+  }
+  return nullptr;
+}
+
+std::string unreplayed_draw_words(const CallEvidence& call, const RandomDraw& draw, bool preserve_rng_state) {
+  if (draw.private_generator) {
+    return fmt::format("the recompute's {} draws from a generator passed to it, whose state no checkpoint saves or "
+                       "restores, so it draws other numbers than in the forward", draw.op);
+  }
+  const auto same_state = std::find_if(call.forward_draws.begin(), call.forward_draws.end(),
+                                       [&](const RandomDraw& f) { return f.state == draw.state; });
+  if (same_state != call.forward_draws.end()) {
+    return fmt::format("the recompute's {} drew from the RNG state its forward's {} drew from: the recompute skipped "
+                       "a draw its forward made ({} of the forward's {} draws ran again; a random op a selective "
+                       "checkpoint saved is not run again), so the draws after it take other numbers",
+                       draw.op, same_state->op, call.recompute_draws.size(), call.forward_draws.size());
+  }
+  if (!preserve_rng_state) {
+    return fmt::format("the recompute's {} draws other numbers than in the forward: the RNG state is not preserved",
+                       draw.op);
+  }
+  return fmt::format("the recompute's {} draws from another RNG state than any draw of its forward, so it draws "
+                     "other numbers (the state the recompute ran under is not the forward's)", draw.op);
+}
+
+std::string unreplayed_draw_hint(const CallEvidence& call, const RandomDraw& draw) {
+  const bool skipped = !draw.private_generator &&
+                       std::any_of(call.forward_draws.begin(), call.forward_draws.end(),
+                                   [&](const RandomDraw& f) { return f.state == draw.state; });
+  return skipped ? "save every random op of the segment in the op policy, or none of them (a saved random op is "
+                   "not drawn again, which shifts the draws after it): e.g. return MUST_RECOMPUTE for aten random "
+                   "ops in the policy function"
+                 : "";
+}
+
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
   if (ctx.records.compiled) return explain_compiled(ctx);
   std::vector<SiteExplanation> out;
@@ -186,6 +224,10 @@ std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
       }
       if (probe && probe->private_generator) {
         found = SiteExplanation{site, Cause::kRng, "the site draws from its own torch::Generator, which no checkpoint restores"};
+      } else if (const auto* draw = unreplayed_draw(c)) {
+        found = SiteExplanation{site, Cause::kRng,
+                                unreplayed_draw_words(c, *draw, ctx.config.checkpoint.preserve_rng_state),
+                                unreplayed_draw_hint(c, *draw)};
       } else if (c.rng_consumed && (!ctx.config.checkpoint.preserve_rng_state || !c.rng_replayed)) {
         found = SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
       } else if (first_dtype_difference(c)) {

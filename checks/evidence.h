@@ -50,6 +50,20 @@ Cause dtype_cause(const CheckContext& ctx);
 /// not another precision).
 std::optional<size_t> first_dtype_difference(const CallEvidence& call);
 
+/// The first random draw of a call's recompute that its forward never made -- another op, or the
+/// same op from another generator state: there the recompute drew other numbers than its forward.
+/// Null when every draw of the recompute replays one of the forward's (or none was seen).
+const RandomDraw* unreplayed_draw(const CallEvidence& call);
+
+/// Why the recompute made `draw`, in words: from a generator of its own; from the state its
+/// forward's other op drew from (it skipped a draw: a random op a selective checkpoint saved); with
+/// the RNG state not preserved; or from another state than any draw of its forward.
+std::string unreplayed_draw_words(const CallEvidence& call, const RandomDraw& draw, bool preserve_rng_state);
+
+/// The fix for a recompute that skipped a draw its forward made (a random op a selective
+/// checkpoint saved); "" for the other ways (their cause's own fix fits).
+std::string unreplayed_draw_hint(const CallEvidence& call, const RandomDraw& draw);
+
 /// True when a call's recompute did not reproduce its forward outputs bitwise.
 bool recompute_differs(const CallEvidence& call);
 

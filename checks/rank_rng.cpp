@@ -40,11 +40,12 @@ class RankRngCheck : public Check {
       auto [it, fresh] = first_rank.emplace(k.rng_start, k.rank);
       if (!fresh && k.draws) {
         add_finding(r, {Cause::kRng, k.first_draw, fmt::format("rank {}", k.rank),
-                        fmt::format("ranks {} and {} draw their first random numbers from the same RNG state, "
-                                    "so they draw the same dropout masks",
+                        fmt::format("ranks {} and {} draw their first random numbers from the same generator "
+                                    "state, so they draw the same dropout masks",
                                     it->second, k.rank),
-                        "seed each rank differently (seed + rank) and do not reseed inside the model, as "
-                        "data-parallel training does"});
+                        "seed each rank differently (seed + rank), and inside the model do not reseed a forked "
+                        "generator (torch.random.fork_rng) or a torch.Generator of its own with the same seed on "
+                        "every rank, as data-parallel training does"});
       }
     }
     if (!r.findings.empty()) {

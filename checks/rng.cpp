@@ -70,19 +70,27 @@ class RngCheck : public Check {
       const std::string host = host_generator_draws(probe);
       bool consumed = probe && (probe->rng_consumed || !probe->random_ops.empty() || !host.empty());
       bool differs = false, replayed = true;
+      const CallEvidence* unreplayed_call = nullptr;  // a call whose recompute drew what its forward did not
+      const RandomDraw* unreplayed = nullptr;
       for (const auto& c : ctx.records.checkpointed.calls) {
         if (c.site != site) continue;
-        consumed = consumed || c.rng_consumed;
+        consumed = consumed || c.rng_consumed || !c.forward_draws.empty();
         differs = differs || recompute_differs(c);
         replayed = replayed && c.rng_replayed;
+        if (!unreplayed && (unreplayed = unreplayed_draw(c))) unreplayed_call = &c;
       }
       if (!consumed) continue;
       ++random_sites;
-      const bool private_gen = probe && probe->private_generator;
+      const bool private_gen = (probe && probe->private_generator) || (unreplayed && unreplayed->private_generator);
       const bool asked_off = !ctx.config.checkpoint.preserve_rng_state;
       // Selective checkpointing may hand back the forward's outputs: then the generator tells.
       const bool drew_again = !differs && private_generator_drew_again(ctx, site);
-      if (!(differs || drew_again) || !(private_gen || asked_off || !replayed || !host.empty())) continue;
+      // Other numbers drawn where the unit's outputs still equal (a selective checkpoint hands back
+      // the ops it saved) reach the backward when the step differs.
+      const bool drew_other = unreplayed && (differs || !checkpointed_step_unchanged(ctx));
+      if (!(differs || drew_again || drew_other) || !(private_gen || asked_off || !replayed || !host.empty() || unreplayed)) {
+        continue;
+      }
       Finding f;
       f.cause = Cause::kRng;
       f.site = site;
@@ -110,6 +118,18 @@ class RngCheck : public Check {
                               "generator (whose state the checkpoint replays), or exclude this site from checkpointing"
                             : "draw from the default generator (whose state the checkpoint replays), or "
                               "exclude this site from checkpointing";
+      } else if (unreplayed && !unreplayed->private_generator) {
+        f.tensor = unreplayed->op;
+        f.details["op"] = unreplayed->op;
+        f.details["forward_draws"] = unreplayed_call->forward_draws.size();
+        f.details["recompute_draws"] = unreplayed_call->recompute_draws.size();
+        f.message = unreplayed_draw_words(*unreplayed_call, *unreplayed, !asked_off);
+        const auto hint = unreplayed_draw_hint(*unreplayed_call, *unreplayed);
+        f.hint = !hint.empty() ? hint
+                 : asked_off  ? "keep RNG state: checkpoint with preserve_rng_state (drop --no-preserve-rng)"
+                              : "the checkpoint under test does not replay the RNG state: call "
+                                "torch.utils.checkpoint with preserve_rng_state=True (its default), or draw the "
+                                "random numbers outside the checkpointed segment";
       } else {
         f.message = "the site draws random numbers and the RNG state is not replayed in the "
                     "recompute (it ends in another RNG state than the forward), so it draws a different "

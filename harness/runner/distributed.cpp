@@ -147,19 +147,21 @@ void gather_ranks(Collective* collective, RunRecords& records, const std::string
   if (!collective) return;
   RunRecords::Rank mine;
   mine.rank = collective->rank();
-  // The generators after the step's first random draws: ranks seeded alike, or a model that seeds
-  // them itself, draw the same masks and end in the same state.
+  // The state the step's first random draw drew from (watched at the op: a forked or explicit
+  // generator too), else the generators after the first call that moved them: ranks seeded alike,
+  // or a model that seeds them itself, draw the same masks.
   mine.rng_start = records.checkpointed.rng_start;
   mine.error = records.checkpointed.error;
   for (const auto& c : records.checkpointed.calls) {
-    if (c.rng_consumed && !mine.draws) {
-      mine.rng_start = c.rng_print;
+    const bool drew = c.rng_consumed || !c.forward_draws.empty();
+    if (drew && !mine.draws) {
+      mine.rng_start = c.forward_draws.empty() ? c.rng_print : c.forward_draws.front().state;
       mine.first_draw = c.site;
     }
-    mine.draws = mine.draws || c.rng_consumed;
+    mine.draws = mine.draws || drew;
     bool differs = false;
     for (const auto& d : c.output_diffs) differs = differs || !d.equal;
-    if (c.rng_consumed && differs) mine.replayed = false;
+    if (drew && differs) mine.replayed = false;
   }
   auto to_json = [&identity](const RunRecords::Rank& k) {
     return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},

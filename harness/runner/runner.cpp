@@ -93,6 +93,7 @@ class EvidenceObserver : public CheckpointObserver {
     for (const auto& x : inputs) e.inputs_require_grad = e.inputs_require_grad || (x.defined() && x.requires_grad());
     for (const auto& x : inputs) entry_prints_[c.id].push_back(fingerprint(x));
     rng_before_[c.id] = RngState::capture();
+    draw_watches_[c.id] = std::make_unique<DrawWatch>(e.forward_draws);
   }
 
   void forward_end(const CheckpointCall& c, const std::vector<Tensor>& inputs,
@@ -100,6 +101,7 @@ class EvidenceObserver : public CheckpointObserver {
     at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
     if (tracer_) tracer_->pop_site();
     if (!evidence_) return;
+    draw_watches_.erase(c.id);
     auto& e = calls_[c.id];
     e.versions_exit = versions_of(inputs);
     const auto rng_after = RngState::capture();
@@ -133,6 +135,7 @@ class EvidenceObserver : public CheckpointObserver {
     }
     e.recomputed = true;
     e.versions_recompute = versions_of(inputs);
+    draw_watches_[c.id] = std::make_unique<DrawWatch>(e.recompute_draws);
     // State the unit reads (Model::unit_state: its own modules', a shared one's under its first
     // path; a module cannot reach its parent's state other than through its arguments, which are
     // watched above), marked at the forward and now.
@@ -169,6 +172,7 @@ class EvidenceObserver : public CheckpointObserver {
       tracer_->set_phase(Phase::kBackward);
     }
     if (!evidence_) return;
+    draw_watches_.erase(c.id);
     auto& e = calls_[c.id];
     const bool again = !e.output_diffs.empty();
     recompute_ended_.insert(c.id);
@@ -190,6 +194,7 @@ class EvidenceObserver : public CheckpointObserver {
   }
 
   void flush() {
+    draw_watches_.clear();  // a forward or recompute that threw left its watch open
     for (auto& [id, e] : calls_) {
       // A call whose recompute began and never ended did not finish.
       e.recompute_failed = e.recomputed && recompute_ended_.count(id) == 0;
@@ -208,6 +213,7 @@ class EvidenceObserver : public CheckpointObserver {
   bool evidence_;
   OpTracer* tracer_;
   std::map<int64_t, CallEvidence> calls_;
+  std::map<int64_t, std::unique_ptr<DrawWatch>> draw_watches_;  // a call's forward or recompute under way
   std::map<int64_t, std::vector<Tensor>> outputs_;  // the forward's, until the step ends
   std::set<int64_t> recompute_ended_;                // calls a recompute of which ended
   std::map<int64_t, std::vector<uint64_t>> entry_prints_;

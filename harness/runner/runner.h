@@ -97,6 +97,9 @@ struct CallEvidence {
   bool rng_consumed = false;          // the default generators moved during the forward
   uint64_t rng_print = 0;             // when it drew: the generators' state after its draws, hashed (rank-rng)
   bool rng_replayed = true;           // the recompute ended in the RNG state the forward ended in
+  /// Every random op of the forward and of the (first) recompute, in order, with its generator's
+  /// state -- also draws a forked or explicit generator makes, which leave the default one as it was.
+  std::vector<RandomDraw> forward_draws, recompute_draws;
   bool forward_no_grad = false;       // the forward ran without autograd (a reentrant checkpoint)
   bool inputs_require_grad = false;   // some input required grad as the forward began
   bool recomputed = false;            // backward reached the call

@@ -1,13 +1,17 @@
 #include "harness/runner/trace.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
@@ -285,6 +289,64 @@ std::vector<OpRecord> OpTracer::take() {
   std::vector<OpRecord> out;
   out.swap(impl_->records);
   return out;
+}
+
+namespace {
+
+// The draws the innermost DrawWatch of this thread records into.
+thread_local std::vector<std::vector<RandomDraw>*> draw_targets;
+
+// The device a random op draws on: its first tensor argument's, or the CPU.
+c10::Device draw_device(const at::RecordFunction& fn) {
+  for (const auto& in : fn.inputs()) {
+    if (in.isTensor() && in.toTensor().defined()) return in.toTensor().device();
+  }
+  return c10::Device(c10::kCPU);
+}
+
+std::unique_ptr<at::ObserverContext> on_draw(const at::RecordFunction& fn) {
+  if (draw_targets.empty() || !draw_targets.back()) return nullptr;
+  const std::string name = fn.name();
+  std::optional<at::Generator> given;
+  for (const auto& in : fn.inputs()) {
+    if (in.isGenerator() && in.toGenerator().defined()) given = in.toGenerator();
+  }
+  if (!given && !is_random_op(name)) return nullptr;
+  const auto device = draw_device(fn);
+  const auto& fallback = at::globalContext().defaultGenerator(given ? given->device() : device);
+  const at::Generator gen = given ? *given : fallback;
+  RandomDraw d;
+  d.op = name;
+  d.private_generator = given && gen.unsafeGetGeneratorImpl() != fallback.unsafeGetGeneratorImpl();
+  {
+    at::DisableRecordFunctionGuard quiet;  // reading the state is not the step's work
+    d.state = fingerprint(gen.get_state());
+  }
+  draw_targets.back()->push_back(std::move(d));
+  return nullptr;
+}
+
+}  // namespace
+
+// One callback per thread, while some watch lives.
+thread_local at::CallbackHandle draw_callback = 0;
+
+DrawWatch::DrawWatch(std::vector<RandomDraw>& draws) : target_(&draws) {
+  draw_targets.push_back(&draws);
+  if (draw_targets.size() == 1) {
+    draw_callback = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(on_draw).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  }
+}
+
+DrawWatch::~DrawWatch() {
+  // Its own target, wherever it stands (a watch may end before one begun after it).
+  const auto it = std::find(draw_targets.rbegin(), draw_targets.rend(), target_);
+  if (it != draw_targets.rend()) draw_targets.erase(std::next(it).base());
+  if (draw_targets.empty() && draw_callback != 0) {
+    at::removeCallback(draw_callback);
+    draw_callback = 0;
+  }
 }
 
 }  // namespace ckcheck

@@ -79,4 +79,28 @@ class OpTracer {
 /// True for ATen ops that draw random numbers (bernoulli_, rand, normal_, native_dropout, ...).
 bool is_random_op(const std::string& name);
 
+/// One random op run inside a checkpointed call, with the state of the generator it draws from as
+/// it began: two draws with the same op and state draw the same numbers.
+struct RandomDraw {
+  std::string op;                  // "aten::bernoulli_"
+  uint64_t state = 0;              // fingerprint of its generator's state as the op began
+  bool private_generator = false;  // it was given a generator other than its device's default
+  bool operator==(const RandomDraw& o) const { return op == o.op && state == o.state; }
+};
+
+/// Records the random ops that run on this thread while it lives (a checkpointed call's forward,
+/// or its recompute), each with its generator's state as it begins: the default generator of the
+/// op's device, or the one it was given. Watches nest; the innermost records. A RecordFunction
+/// callback with inputs, on this thread only, for the watch's life.
+class DrawWatch {
+ public:
+  explicit DrawWatch(std::vector<RandomDraw>& draws);
+  ~DrawWatch();
+  DrawWatch(const DrawWatch&) = delete;
+  DrawWatch& operator=(const DrawWatch&) = delete;
+
+ private:
+  std::vector<RandomDraw>* target_;
+};
+
 }  // namespace ckcheck

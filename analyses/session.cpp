@@ -43,8 +43,8 @@ CheckCost cost_of(const RunRecords& records, double start, double recorded, doub
 }
 // A difference in the loss, an output or a gradient (state aside) that the float64 rerun can tell
 // rounding or real: eager (a compiled model would compile again), autocast off (float64 has no
-// autocast: the rerun would be another program), a repeatable plain step, and every recompute
-// reproducing its forward bitwise (else the difference is the recompute's, never rounding).
+// autocast: the rerun would be another program), a repeatable plain step, and no recompute that
+// drew other random numbers than its forward or read changed inputs (then it is never rounding).
 bool needs_precision_evidence(const RunOutcome& out, const Runner& runner) {
   if (out.records.compiled || runner.config().amp != Amp::kOff) return false;
   if (out.records.plain_not_repeated && !out.records.plain_not_repeated->empty()) return false;
@@ -52,9 +52,10 @@ bool needs_precision_evidence(const RunOutcome& out, const Runner& runner) {
   for (const auto& c : out.records.checkpointed.calls) {
     if (!c.recomputed) continue;
     recomputed = true;
-    for (const auto& d : c.output_diffs) {
-      if (!d.equal) return false;
-    }
+    const bool other_draws = (c.rng_consumed && !c.rng_replayed) || c.recompute_draws != c.forward_draws;
+    const bool changed = !c.state_changed.empty() || c.versions_recompute != c.versions_exit ||
+                         std::any_of(c.content_changed.begin(), c.content_changed.end(), [](bool b) { return b; });
+    if (other_draws || changed) return false;
   }
   if (!recomputed) return false;
   return std::any_of(out.diffs.begin(), out.diffs.end(), [](const TensorDiff& d) {

@@ -444,7 +444,14 @@ TensorRounding tensor_rounding(const CheckContext& ctx, const TensorDiff& d) {
 RoundingEvidence rounding_evidence(const CheckContext& ctx, const std::vector<SiteExplanation>& explained) {
   RoundingEvidence e;
   e.details = nlohmann::json::object();
-  if (!explained.empty() || !recomputes_faithful(ctx)) return e;
+  // A unit that computes other values with autograd on than off (grad-mode: another kernel for the
+  // same math) differs in its recompute by rounding, if the float64 rerun says so; every other
+  // explanation is a real difference.
+  const bool other_kernels = !explained.empty() && std::all_of(explained.begin(), explained.end(), [](const SiteExplanation& x) {
+    return x.cause == Cause::kGradMode;
+  });
+  if (other_kernels && !rerun_of(ctx)) return e;
+  if ((!explained.empty() && !other_kernels) || (!other_kernels && !recomputes_faithful(ctx))) return e;
   torch::NoGradGuard no_grad;
   size_t differing = 0, by_rerun = 0;
   const TensorDiff* worst = nullptr;  // the differing tensor that came nearest its bound
@@ -461,6 +468,7 @@ RoundingEvidence rounding_evidence(const CheckContext& ctx, const std::vector<Si
       e.sentence = against_sentence(d, t, no_rerun_reason(ctx));
       return e;
     }
+    if (other_kernels && t.rule != "float64") return e;  // only float64 tells other kernels' rounding
     by_rerun += t.rule == "float64";
     const double share = t.rule == "float64" ? (d.max_abs > 0 ? t.float64 / d.max_abs : 0.0) : (t.bound > 0 ? d.max_abs / t.bound : 0.0);
     if (share > worst_share) {

@@ -111,6 +111,11 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
     f.cause = kOffload;
     evidence = fmt::format("offloaded, the plain step's {} differs from the plain step's too: the offload's hooks "
                            "changed it, checkpoints aside (see the offload check)", d.name);
+  } else if (step.rounding.rounding && !explained.empty()) {
+    // Rounding by other kernels for the same math (grad-mode): the mechanism, as a warning.
+    f.cause = explained.front().cause;
+    f.site = explained.front().site;
+    evidence = explained.front().evidence + "; " + step.rounding.sentence;
   } else if (step.rounding.rounding) {
     f.cause = Cause::kAccumulationOrder;
     evidence = ctx.records.compiled ? step.rounding.sentence + " (the compiled checkpointed step computes the same "
@@ -288,7 +293,9 @@ class GradientsCheck : public Check {
       // Rounding from another summation order is not a wrong gradient: a warning that says so.
       r.status = step.rounding.rounding ? Status::kWarn : Status::kFail;
       r.summary = fmt::format("{} of {} tensors differ ({}){}", differing, compared, tolerance_words(ctx),
-                              step.rounding.rounding ? " by rounding only: gradients summed in another order" : "");
+                              !step.rounding.rounding  ? ""
+                              : step.explained.empty() ? " by rounding only: gradients summed in another order"
+                                                       : " by rounding only: the same math in other kernels");
       if (!step.rounding.sentence.empty()) {
         r.details["rounding"] = step.rounding.details;
         r.details["rounding"]["rounding"] = step.rounding.rounding;

@@ -17,6 +17,7 @@
 #include "cli/list.h"
 #include "cli/plan.h"
 #include "cli/run.h"
+#include "cli/selftest.h"
 #include "cli/validate_op.h"
 #include "harness/support/errors.h"
 #include "reports/report.h"
@@ -112,6 +113,7 @@ int run_cli(const std::vector<std::string>& given) {
   int exit_code = 0;
   setup_run(app, exit_code);
   setup_diagnose(app, exit_code);
+  setup_selftest(app, exit_code);
   setup_bench(app, exit_code);
   setup_plan(app, exit_code);
   setup_validate_op(app, exit_code);

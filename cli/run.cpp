@@ -1,5 +1,7 @@
 #include "cli/run.h"
 
+#include "analyses/selftest.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/cuda.h>
@@ -169,6 +171,11 @@ void setup_run(CLI::App& app, int& exit_code) {
                   "changes are printed under the verdict")
       ->type_name("FILE")
       ->check(CLI::ExistingFile);
+  sub->add_option("--plant", o->plant,
+                  "plant a bug of class CLASS into site SITE (CLASS@SITE), in the plain and the checkpointed step "
+                  "alike, to see what the checks say of it: what `ckcheck selftest` does for each class (`ckcheck "
+                  "list` names the classes)")
+      ->type_name("CLASS@SITE");
   sub->add_option("--export", o->export_to,
                   "write this run's baseline to FILE (its verdict, and each check's status and causes; the same as "
                   "--report baseline=FILE), for a later --baseline FILE")
@@ -182,6 +189,7 @@ std::string run_command_line(const RunOptions& o) {
   for (const auto& [name, value] : o.knobs) {
     if (value != find_knob(name).default_value) s += fmt::format(" --{} {}", name, value);
   }
+  if (!o.plant.empty()) s += " --plant " + shell_quote(o.plant);
   return s;
 }
 
@@ -294,18 +302,13 @@ RunOptions default_run_options() {
   return o;
 }
 
-namespace {
-
-// The run's report, or nullopt where this process does not report: it started the ranks of a
-// data-parallel run (`status` gets theirs) or is a rank other than 0. `command` is "run" or
-// "diagnose" (which diagnoses whatever the checks found, and whose verdict is the diagnosis's).
-std::optional<Report> run_report(const RunOptions& o, const std::string& command, int& status) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool diagnosing = command == "diagnose";
-  const auto tolerance = Tolerance::parse(o.tolerance);
-  auto checks = select_checks(split_list(o.checks), o.bench);
+std::optional<RunSetup> set_up_run(const RunOptions& o, int& status) {
+  RunSetup r;
+  r.tolerance = Tolerance::parse(o.tolerance);
+  r.checks = select_checks(split_list(o.checks), o.bench);
   // Data-parallel: start the ranks here, or be one of them.
-  const auto env = rank_environment();
+  r.env = rank_environment();
+  const auto& env = r.env;
   // One process: the deadline here, or in the ckcheck program that watches this one (a Python model).
   if (o.timeout > 0 && !env && o.world_size == 1 && !supervised()) arm_deadline(o.timeout);
   const int rank_timeout = o.timeout ? o.timeout : kRankTimeout;
@@ -316,56 +319,78 @@ std::optional<Report> run_report(const RunOptions& o, const std::string& command
     // A peer that dies closes its sockets: let writes to them fail as errors, not kill this rank.
     signal(SIGPIPE, SIG_IGN);
   }
-  CheckpointChoice checkpoint;
   ModelArgs model_args = o.model;
   model_args.parallel_timeout = rank_timeout;
-  auto model = build_model(model_args, env ? env->world_size : o.world_size, &checkpoint);
-  const auto plan = Plan::make(*model, split_list(o.model.sites), Policy::parse(o.model.policy));
-  auto config = run_config(o);
-  fit_to_checkpoint(config, checkpoint);
+  r.model = build_model(model_args, env ? env->world_size : o.world_size, &r.checkpoint);
+  r.plan = Plan::make(*r.model, split_list(o.model.sites), Policy::parse(o.model.policy));
+  r.config = run_config(o);
+  fit_to_checkpoint(r.config, r.checkpoint);
   if (o.config.accumulate > 1 && (o.world_size > 1 || env)) {
     throw UsageError("--accumulate runs in one process; drop --world-size (or torchrun) for it");
   }
   // Gradient accumulation adds its own check to those run by default.
-  if (o.config.accumulate > 1 && o.checks.empty()) checks.push_back(make_check("gradient-accumulation"));
+  if (o.config.accumulate > 1 && o.checks.empty()) r.checks.push_back(make_check("gradient-accumulation"));
   // So does compiled training.
-  if (o.model.compile && o.checks.empty()) checks.push_back(make_check("compile"));
+  if (o.model.compile && o.checks.empty()) r.checks.push_back(make_check("compile"));
   // And offloading.
-  if (o.model.offload != "off" && o.checks.empty()) checks.push_back(make_check("offload"));
+  if (o.model.offload != "off" && o.checks.empty()) r.checks.push_back(make_check("offload"));
   if (!env && o.world_size > 1) {
-    status = launch(o, *model, config);
+    status = launch(o, *r.model, r.config);
     return std::nullopt;
   }
-  std::unique_ptr<Collective> collective;
-  std::unique_ptr<DataParallel> dp;
   if (env && env->world_size > 1) {
-    auto* engine = dynamic_cast<ParallelEngine*>(model.get());
+    auto* engine = dynamic_cast<ParallelEngine*>(r.model.get());
     if (engine && !engine->engine().empty()) {
-      if (config.device.is_cuda()) {
+      if (r.config.device.is_cuda()) {
         throw UsageError(fmt::format("--parallel {} runs on the CPU (Gloo) in this version; drop --device or --parallel",
                                      engine->engine()));
       }
       // PyTorch's engine reduces; its process group gathers what the ranks saw.
-      collective = mark_waits(engine->engine_collective());
-      dp = std::make_unique<DataParallel>(*collective, *engine);
+      r.collective = mark_waits(engine->engine_collective());
+      r.dp = std::make_unique<DataParallel>(*r.collective, *engine);
     } else {
-      collective = join(*env, o, config);
-      dp = std::make_unique<DataParallel>(*collective);
+      r.collective = join(*env, o, r.config);
+      r.dp = std::make_unique<DataParallel>(*r.collective);
     }
-    config.data_parallel = dp.get();
+    r.config.data_parallel = r.dp.get();
   }
   int64_t numel = 0;
-  for (const auto& [name, p] : model->named_parameters()) numel += p.numel();
-  const auto identity = fmt::format("model {} ({} parameters, {} values) under the {} checkpoint, policy {} ({})",
-                                    model->name(), model->named_parameters().size(), numel, checkpoint.name,
-                                    plan.policy.text(), fmt::join(plan.checkpointed(), " "));
-  Runner runner(*model, config);
-  const auto outcome = run_checks(runner, plan, tolerance, checks, o.knobs,
-                                  [&](RunRecords& records) { gather_ranks(collective.get(), records, identity); });
+  for (const auto& [name, p] : r.model->named_parameters()) numel += p.numel();
+  r.identity = fmt::format("model {} ({} parameters, {} values) under the {} checkpoint, policy {} ({})",
+                           r.model->name(), r.model->named_parameters().size(), numel, r.checkpoint.name,
+                           r.plan.policy.text(), fmt::join(r.plan.checkpointed(), " "));
+  return r;
+}
+
+RunOutcome run_once(RunSetup& setup, Runner& runner, const RunOptions& o) {
+  auto outcome = run_checks(runner, setup.plan, setup.tolerance, setup.checks, o.knobs, [&](RunRecords& records) {
+    gather_ranks(setup.collective.get(), records, setup.identity);
+  });
   if (!outcome.records.reference.error.empty()) {
     throw UsageError("the model fails without checkpointing, so there is nothing to compare: " +
                      outcome.records.reference.error);
   }
+  return outcome;
+}
+
+namespace {
+
+// The run's report, or nullopt where this process does not report: it started the ranks of a
+// data-parallel run (`status` gets theirs) or is a rank other than 0. `command` is "run" or
+// "diagnose" (which diagnoses whatever the checks found, and whose verdict is the diagnosis's).
+std::optional<Report> run_report(const RunOptions& o, const std::string& command, int& status) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool diagnosing = command == "diagnose";
+  auto setup = set_up_run(o, status);
+  if (!setup) return std::nullopt;
+  if (!o.plant.empty()) setup->config.plant = make_plant(o.plant, *setup->model);
+  auto& model = setup->model;
+  const auto& plan = setup->plan;
+  const auto& tolerance = setup->tolerance;
+  const auto& collective = setup->collective;
+  const auto& dp = setup->dp;
+  Runner runner(*model, setup->config);
+  const auto outcome = run_once(*setup, runner, o);
   // Every rank runs the diagnosis's steps; under run --diagnose, whether there is one is rank 0's
   // verdict.
   bool diagnose_it = diagnosing || (o.diagnose && verdict_of(outcome.results) != Verdict::kPass);
@@ -376,10 +401,11 @@ std::optional<Report> run_report(const RunOptions& o, const std::string& command
   if (collective && collective->rank() != 0) return std::nullopt;
   Report report;
   report.command = command;
-  report.model = model_info(*model, plan, checkpoint, runner.config());
+  report.model = model_info(*model, plan, setup->checkpoint, runner.config());
   report.checks = outcome.results;
   report.tensors = outcome.diffs;
   report.diagnosis = diagnosis;
+  if (setup->config.plant) report.plant = plant_outcome(*setup->config.plant, outcome, setup->config);
   if (diagnosing) {
     report.verdict = diagnosis->diverges || diagnosis->non_finite ? Verdict::kFail : Verdict::kPass;
     report.reproduce = "ckcheck diagnose" + run_command_line(o).substr(std::string("ckcheck run").size());
@@ -388,8 +414,8 @@ std::optional<Report> run_report(const RunOptions& o, const std::string& command
     report.verdict = verdict_of(report.checks);
     report.reproduce = run_command_line(o);
   }
-  report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), checks, checkpoint);
-  speak_of_the_checkpoint(checkpoint.name, report);
+  report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), setup->checks, setup->checkpoint);
+  speak_of_the_checkpoint(setup->checkpoint.name, report);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

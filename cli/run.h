@@ -9,10 +9,8 @@
 #include <vector>
 
 #include "cli/common.h"
-
-namespace ckcheck {
-class Collective;
-}  // namespace ckcheck
+#include "cli/launch.h"
+#include "harness/runner/data_parallel.h"
 
 namespace ckcheck::cli {
 
@@ -33,6 +31,8 @@ struct RunOptions {
   std::string baseline;
   /// --export FILE: write this run's baseline there (--report baseline=FILE).
   std::string export_to;
+  /// --plant CLASS@SITE: a bug planted into one site (what ckcheck selftest does per cell).
+  std::string plant;
   /// The RunConfig fields an option sets as they are (--lr, --accumulate); run_config adds the
   /// model's and the protections'.
   RunConfig config;
@@ -56,6 +56,29 @@ void setup_run(CLI::App& app, int& exit_code);
 
 /// Options at their defaults, the checks' knobs included (what the command line starts from).
 RunOptions default_run_options();
+
+/// What a run works on, set up once: the model, its plan and run config, the tolerance and checks,
+/// and on a rank of a data-parallel run its process group and engine.
+struct RunSetup {
+  std::unique_ptr<Model> model;
+  Plan plan;
+  RunConfig config;
+  Tolerance tolerance;
+  CheckpointChoice checkpoint;
+  std::vector<std::unique_ptr<Check>> checks;
+  std::optional<RankEnvironment> env;
+  std::unique_ptr<Collective> collective;
+  std::unique_ptr<DataParallel> dp;
+  std::string identity;  // what every rank must run alike
+};
+
+/// Builds what `options` ask for; nullopt where this process starts the ranks of a data-parallel run
+/// instead (`status` gets theirs). Throws UsageError for bad input.
+std::optional<RunSetup> set_up_run(const RunOptions& options, int& status);
+
+/// The steps and checks of one run on `setup` through `runner` (the ranks' records gathered on rank
+/// 0); throws UsageError where the plain step itself fails.
+RunOutcome run_once(RunSetup& setup, Runner& runner, const RunOptions& options);
 
 /// Runs in this process and returns the report, writing nothing (the Python binding); throws
 /// UsageError for bad input, FieldError for a data-parallel run or a --timeout (the

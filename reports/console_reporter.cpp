@@ -85,6 +85,9 @@ class ConsoleReporter : public Reporter {
     if (r.plan) {
       for (const auto& line : plan_lines(*r.plan, r.plan_command)) out << clean(line) << "\n";
     }
+    if (r.selftest) {
+      for (const auto& line : selftest_lines(*r.selftest)) out << clean(line) << "\n";
+    }
     if (r.cost && r.cost->plain_step_seconds > 0) {
       out << dim(fmt::format("cost: {:.1f} plain steps of CPU time (the plain reference step, first of the run: {})", r.cost->plain_steps(),
                              seconds_text(r.cost->plain_step_seconds)))
@@ -127,7 +130,7 @@ class ConsoleReporter : public Reporter {
   static std::string header(const Report& r) {
     std::string h = fmt::format("ckcheck {}: {} {}", r.command, r.command == "validate-op" ? "op" : "model", r.model.name);
     if (!r.model.policy.empty()) h += fmt::format(", policy {}", r.model.policy);
-    if (!r.model.units.empty() || r.command == "run") {
+    if (!r.model.units.empty() || r.command == "run" || r.command == "selftest") {
       h += fmt::format(", checkpointed {}", r.model.units.empty() ? std::string("nothing")
                                                                 : fmt::format("{}", fmt::join(r.model.units, " ")));
     }
@@ -161,7 +164,13 @@ class ConsoleReporter : public Reporter {
     std::string v = r.verdict == Verdict::kPass   ? paint("PASS", "32;1")
                     : r.verdict == Verdict::kFail ? paint("FAIL", "31;1")
                                                   : paint("ERROR", "35;1");
-    if (!r.checks.empty()) {
+    if (r.selftest) {
+      const auto& t = *r.selftest;
+      const size_t live = t.count("caught") + t.count("other-cause") + t.count("missed");
+      v += fmt::format(" ({} of {} live plants caught, {} with the right cause; the unplanted model {})",
+                       live - t.count("missed"), live, t.count("caught"),
+                       t.unplanted == Verdict::kPass ? "passes" : "does not pass");
+    } else if (!r.checks.empty()) {
       v += fmt::format(" ({} of {} checks failed{}{})", failed, r.checks.size(),
                        errored ? fmt::format(", {} could not judge (error)", errored) : "",
                        warned ? fmt::format(", {} warned", warned) : "");

@@ -167,6 +167,11 @@ class HtmlReporter : public Reporter {
     }
     if (r.bench) bench(*r.bench, out);
     if (r.plan) plan(*r.plan, r.plan_command, out);
+    if (r.selftest) {
+      out << "<h2>Selftest</h2>\n<pre>";
+      for (const auto& l : selftest_lines(*r.selftest)) out << escape_markup(l) << "\n";
+      out << "</pre>\n";
+    }
     if (!r.reproduce.empty()) {
       out << fmt::format("<h2>Reproduce</h2>\n<pre style=\"white-space: pre-wrap; overflow-wrap: anywhere\"><code>{}</code></pre>\n",
                          escape_markup(r.reproduce));

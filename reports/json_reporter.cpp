@@ -86,6 +86,35 @@ nlohmann::json policy_json(const PolicyBench& p, const PolicyBench* none) {
 
 std::unique_ptr<Reporter> make_json_reporter() { return std::make_unique<JsonReporter>(); }
 
+nlohmann::json selftest_json(const SelftestResult& s) {
+  nlohmann::json classes = nlohmann::json::array();
+  for (const auto& c : s.classes) {
+    classes.push_back({{"plant", c.plant}, {"cause", c.cause}, {"what", c.what}, {"applies", c.not_applicable.empty()},
+                       {"not_applicable", c.not_applicable}});
+  }
+  nlohmann::json cells = nlohmann::json::array();
+  for (const auto& c : s.cells) {
+    cells.push_back({{"plant", c.plant}, {"site", c.site}, {"cause", c.cause}, {"outcome", c.outcome},
+                     {"found", c.found}, {"note", c.note}, {"cpu_seconds", c.cpu_seconds}, {"reproduce", c.reproduce}});
+  }
+  const double steps = s.plain_step_seconds > 0 ? s.cpu_seconds / s.plain_step_seconds : 0.0;
+  return {{"classes", classes},
+          {"sites", s.sites},
+          {"unplanted", {{"verdict", verdict_name(s.unplanted)}, {"failing", s.unplanted_failing}}},
+          {"cells", cells},
+          {"counts",
+           {{"caught", s.count("caught")},
+            {"other_cause", s.count("other-cause")},
+            {"missed", s.count("missed")},
+            {"dormant", s.count("dormant")},
+            {"false_alarm", s.count("false-alarm")},
+            {"error", s.count("error")}}},
+          {"caught_share", s.caught_share()},
+          {"cpu_seconds", s.cpu_seconds},
+          {"plain_step_cpu_seconds", s.plain_step_seconds},
+          {"plain_steps", steps}};
+}
+
 nlohmann::json report_json(const Report& r) {
   nlohmann::json j;
   j["tool"] = "ckcheck";
@@ -143,6 +172,11 @@ nlohmann::json report_json(const Report& r) {
                  {"cpu_seconds", r.cost->seconds},
                  {"plain_step_cpu_seconds", r.cost->plain_step_seconds},
                  {"phases", phases}};
+  }
+  if (r.selftest) j["selftest"] = selftest_json(*r.selftest);
+  if (r.plant) {
+    j["plant"] = {{"plant", r.plant->plant}, {"site", r.plant->site}, {"cause", r.plant->cause},
+                  {"manifest", r.plant->manifest}};
   }
   if (r.baseline) {
     j["baseline"] = {{"file", r.baseline->path}, {"unchanged", r.baseline->changes.empty()},

@@ -171,6 +171,11 @@ class MarkdownReporter : public Reporter {
     }
     if (r.bench) bench(*r.bench, out);
     if (r.plan) plan(*r.plan, r.plan_command, out);
+    if (r.selftest) {
+      out << "### Selftest\n\n```\n";
+      for (const auto& line : selftest_lines(*r.selftest)) out << md_block(line) << "\n";
+      out << "```\n\n";
+    }
     if (!r.reproduce.empty()) out << fmt::format("Reproduce:\n\n```sh\n{}\n```\n", md_block(r.reproduce));
   }
 };

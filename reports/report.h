@@ -14,6 +14,7 @@
 #include "analyses/bench.h"
 #include "analyses/diagnose.h"
 #include "analyses/plan.h"
+#include "analyses/selftest.h"
 #include "analyses/session.h"
 #include "analyses/validate_op.h"
 #include "harness/runner/compare.h"
@@ -63,6 +64,8 @@ struct Report {
   std::optional<OpValidation> validation;  // validate-op
   std::optional<CheckCost> cost;           // run: the check's CPU time in plain steps
   std::optional<BaselineComparison> baseline;  // run --baseline: what changed against it
+  std::optional<PlantOutcome> plant;           // run --plant: the bug planted, and whether it was live
+  std::optional<SelftestResult> selftest;      // selftest: the detection matrix
   double seconds = 0.0;
 };
 
@@ -87,6 +90,7 @@ nlohmann::json diagnosis_json(const Diagnosis& diagnosis);  // "diagnosis"
 nlohmann::json bench_json(const BenchResult& bench);        // the bench fields, at the top level
 nlohmann::json validation_json(const OpValidation& validation);  // "validation"
 nlohmann::json plan_json(const MemoryPlan& plan);                 // "plan"
+nlohmann::json selftest_json(const SelftestResult& selftest);    // "selftest"
 
 /// Writes a report to a stream it is given; never opens files.
 class Reporter {

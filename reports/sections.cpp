@@ -462,4 +462,62 @@ std::vector<std::string> plan_lines(const MemoryPlan& p, const std::string& run_
   return out;
 }
 
+namespace {
+
+// A cell as the matrix shows it: the outcome, with the causes found where they are not the class's.
+std::string cell_text(const SelftestCell& c) {
+  if (c.outcome == "other-cause") return fmt::format("other: {}", fmt::join(c.found, ","));
+  if (c.outcome == "caught") return "caught";
+  return c.outcome;
+}
+
+}  // namespace
+
+std::vector<std::string> selftest_lines(const SelftestResult& s) {
+  std::vector<std::string> lines;
+  lines.push_back(fmt::format("selftest: {} planted {}; the unplanted model: {}{}", s.cells.size(),
+                              s.cells.size() == 1 ? "run" : "runs", verdict_name(s.unplanted),
+                              s.unplanted_failing.empty() ? ""
+                                                          : fmt::format(" ({})", fmt::join(s.unplanted_failing, "; "))));
+  std::vector<std::string> sites;
+  for (const auto& c : s.cells) {
+    if (std::find(sites.begin(), sites.end(), c.site) == sites.end()) sites.push_back(c.site);
+  }
+  size_t width = 12;
+  for (const auto& site : sites) width = std::max(width, site.size());
+  for (const auto& c : s.cells) width = std::max(width, cell_text(c).size());
+  std::string head = fmt::format("  {:<18} {:<18}", "class", "cause");
+  for (const auto& site : sites) head += fmt::format(" {:<{}}", site, width);
+  lines.push_back(head);
+  for (const auto& row : s.classes) {
+    std::string line = fmt::format("  {:<18} {:<18}", row.plant, row.cause);
+    if (!row.not_applicable.empty()) {
+      lines.push_back(line + " n/a: " + row.not_applicable);
+      continue;
+    }
+    for (const auto& site : sites) {
+      const auto it = std::find_if(s.cells.begin(), s.cells.end(),
+                                   [&](const SelftestCell& c) { return c.plant == row.plant && c.site == site; });
+      line += fmt::format(" {:<{}}", it == s.cells.end() ? "." : cell_text(*it), width);
+    }
+    lines.push_back(line);
+  }
+  const size_t live = s.count("caught") + s.count("other-cause") + s.count("missed");
+  lines.push_back(fmt::format("caught with the right cause: {} of {} live plants ({:.0f}%); another cause: {}; missed: "
+                              "{}; dormant (the configuration is immune): {}; false alarms: {}; errors: {}",
+                              s.count("caught"), live, 100.0 * s.caught_share(), s.count("other-cause"),
+                              s.count("missed"), s.count("dormant"), s.count("false-alarm"), s.count("error")));
+  if (s.plain_step_seconds > 0) {
+    lines.push_back(fmt::format("selftest cost: {:.1f} plain steps of CPU time (the unplanted run and {} planted; the "
+                                "plain step: {})",
+                                s.cpu_seconds / s.plain_step_seconds, s.cells.size(), seconds_text(s.plain_step_seconds)));
+  }
+  for (const auto& c : s.cells) {
+    if (c.outcome != "missed" && c.outcome != "false-alarm" && c.outcome != "error") continue;
+    lines.push_back(fmt::format("{} {} at {}{}: {}", c.outcome, c.plant, c.site, c.note.empty() ? "" : " (" + c.note + ")",
+                                c.reproduce));
+  }
+  return lines;
+}
+
 }  // namespace ckcheck

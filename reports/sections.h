@@ -56,4 +56,8 @@ std::string plan_profile_note(const MemoryPlan& p);
 /// The plan section of the console report.
 std::vector<std::string> plan_lines(const MemoryPlan& p, const std::string& run_command);
 
+/// The selftest's detection matrix (a class per row, a planted site per column), the counts, what
+/// it cost, and the command of each cell missed, as the console and the fenced blocks show them.
+std::vector<std::string> selftest_lines(const SelftestResult& s);
+
 }  // namespace ckcheck

@@ -336,9 +336,9 @@ class UnitSiteRunner : public SiteRunner {
 class PlanSiteRunner : public UnitSiteRunner {
  public:
   PlanSiteRunner(const Plan* plan, CheckpointOptions base, Model& model, bool restore_buffers,
-                 OpTracer* tracer)
+                 OpTracer* tracer, Plant* plant = nullptr)
       : UnitSiteRunner(plan), base_(std::move(base)), model_(model), restore_buffers_(restore_buffers), tracer_(tracer),
-        plan_(plan), checkpoints_(plan && !plan->units.empty()) {}
+        plan_(plan), checkpoints_(plan && !plan->units.empty()), plant_(plant) {}
 
  protected:
   std::vector<Tensor> run_unit(const std::vector<std::string>& unit, const SiteFn& fn,
@@ -368,7 +368,8 @@ class PlanSiteRunner : public UnitSiteRunner {
     return out;
   }
 
-  SiteFn wrap_site(const std::string& site, const SiteFn& fn) override {
+  SiteFn wrap_site(const std::string& site, const SiteFn& given) override {
+    const SiteFn fn = plant_ && site == plant_->site() ? plant_->wrap(given) : given;
     if (!tracer_) return fn;
     return [this, site, fn](const std::vector<Tensor>& xs) {
       tracer_->push_site(site);
@@ -387,6 +388,7 @@ class PlanSiteRunner : public UnitSiteRunner {
   OpTracer* tracer_;
   const Plan* plan_;
   bool checkpoints_;
+  Plant* plant_;
 };
 
 // The seeded upstream gradient of an output of these sizes, dtype and device.
@@ -680,6 +682,23 @@ class ParticipantRun {
   StepParticipant& part_;
 };
 
+// A planted auxiliary loss (selftest): each term with a graph joins the backward's roots, as the
+// model's own loss would add it; a term made in a forward run without autograd has none to join.
+void add_planted_terms(Upstream& up, Plant& plant) {
+  for (auto& term : plant.take_aux()) {
+    if (!term.requires_grad()) continue;
+    up.grads.push_back(torch::ones_like(term));
+    up.roots.push_back(std::move(term));
+  }
+}
+
+// A planted counter (selftest) is the site's state: compared after the step as a buffer is.
+void record_planted_state(StepRecord& record, const Plant& plant, int64_t step) {
+  if (const auto state = plant.state()) {
+    record.tensors.push_back({state->first, state_kind::kBuffer, step, state->second});
+  }
+}
+
 // The checkpoint's protections: the step's own, or the run's.
 CheckpointOptions checkpoint_options(const RunConfig& config, const StepOptions& options = {}) {
   return options.checkpoint.value_or(config.checkpoint).options();
@@ -709,7 +728,8 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_, plan);
   auto base = checkpoint_options(config_, options);
   if (plan && (options.evidence || tp)) base.observer(observer);
-  PlanSiteRunner sites(plan, base, model_, config_.checkpoint.restore_buffers, tp);
+  Plant* plant = config_.plant.get();
+  PlanSiteRunner sites(plan, base, model_, config_.checkpoint.restore_buffers, tp, plant);
   StepParticipant& part = participant_of(config_, options);
   const auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = process_cpu_seconds();
@@ -717,6 +737,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
     std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
     const ParticipantRun taking_part(part);
     const auto inputs = start_run(model_, start_, config_.seed, part, record);
+    if (plant) plant->begin_run(model_, config_.seed);
     const auto params = model_.named_parameters();
     // One process on the whole batch beside data-parallel ranks: its gradient is the ranks' sum,
     // world_size times their average, so the same update takes a step world_size times smaller.
@@ -738,14 +759,17 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
         quiet.emplace();
         record.forward_draws = record.forward_draws || RngState::capture() != rng_before;
         // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
-        const auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, part);
+        auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, part);
+        if (plant) add_planted_terms(up, *plant);
         record_outputs(record, outs, up.loss, step, mb);
         if (step == 1 && mb == 1) record.output_structure = model_.output_structure();
         if (tp) tp->set_phase(Phase::kBackward);
         {
           ParameterHooks hooks(params, part, options.count_hooks);
           quiet.reset();
+          if (plant) plant->set_backward(true);
           if (!up.roots.empty()) torch::autograd::backward(up.roots, up.grads);
+          if (plant) plant->set_backward(false);
           quiet.emplace();
           hooks.record(record, step, mb, part);
         }
@@ -755,12 +779,14 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       part.end_step(params);
       observer->flush();
       record_gradients_and_state(record, model_, params, input_grads, step, versions);
+      if (plant) record_planted_state(record, *plant, step);
       if (step < config_.steps) sgd_update(params, lr);
     }
   } catch (const std::exception& e) {
     record.error = message_of(e);
     observer->flush();
   }
+  if (plant) plant->set_backward(false);
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   record.cpu_seconds = process_cpu_seconds() - cpu0;
   if (tp) {

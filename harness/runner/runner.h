@@ -17,6 +17,7 @@
 #include "harness/runner/compare.h"
 #include "harness/runner/data_parallel.h"
 #include "harness/runner/plan.h"
+#include "harness/runner/plant.h"
 #include "harness/runner/trace.h"
 
 namespace ckcheck {
@@ -67,6 +68,8 @@ struct RunConfig {
   /// Every floating-point input converted to this dtype as it is made (the float64 rerun, whose
   /// parameters and state Runner::rerun_in_float64 converts); as the model makes them otherwise.
   std::optional<c10::ScalarType> compute_dtype;
+  /// ckcheck selftest: a bug planted into one site (run --plant CLASS@SITE); none otherwise.
+  std::shared_ptr<Plant> plant;
 };
 
 /// One recorded tensor of a step.

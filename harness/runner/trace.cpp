@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "harness/runner/compare.h"
+#include "harness/support/compat.h"
 #include "harness/support/global_state.h"
 
 namespace ckcheck {
@@ -320,7 +321,7 @@ std::unique_ptr<at::ObserverContext> on_draw(const at::RecordFunction& fn) {
   d.private_generator = given && gen.unsafeGetGeneratorImpl() != fallback.unsafeGetGeneratorImpl();
   {
     at::DisableRecordFunctionGuard quiet;  // reading the state is not the step's work
-    d.state = fingerprint(gen.get_state());
+    d.state = fingerprint(compat::generator_state(gen));
   }
   draw_targets.back()->push_back(std::move(d));
   return nullptr;

@@ -333,15 +333,31 @@ def _grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
 
 
 def _float64_ops():
-    """A dispatch mode in which ops without a float64 kernel run by their definition."""
+    """A dispatch mode in which every op computes in float64: a lower floating dtype asked for is
+    float64, a lower-precision tensor beside a float64 one is promoted, and ops without a float64
+    kernel run by their definition."""
     import torch
+    from torch.utils import _pytree as pytree
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    lower = (torch.float32, torch.float16, torch.bfloat16)
+
+    def in_float64(args, kwargs):
+        mixed = any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in pytree.tree_leaves((args, kwargs)))
+
+        def promote(v):
+            if isinstance(v, torch.dtype) and v in lower:
+                return torch.float64
+            return v.to(torch.float64) if mixed and isinstance(v, torch.Tensor) and v.dtype in lower else v
+
+        return pytree.tree_map(promote, (args, kwargs))
 
     class Float64Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            args, kwargs = in_float64(args, kwargs or {})
             if func.overloadpacket is getattr(torch.ops.aten, "_grouped_mm", None):
-                return _grouped_mm(*args, **(kwargs or {}))
-            return func(*args, **(kwargs or {}))
+                return _grouped_mm(*args, **kwargs)
+            return func(*args, **kwargs)
 
     return Float64Ops()
 

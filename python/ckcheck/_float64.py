@@ -1,15 +1,20 @@
-"""The float64 rerun's ops: ops without a float64 kernel on the device, computed by their
-definition in float64 while ckcheck reruns a model's plain and checkpointed steps in float64.
+"""The float64 rerun's ops: while ckcheck reruns a model's plain and checkpointed steps in float64,
+every op computes in float64 -- ops without a float64 kernel (torch._grouped_mm) by their
+definition, a cast or a factory asked for a lower precision (x.float(), dtype=torch.bfloat16) in
+float64 instead, and a lower-precision tensor that meets a float64 one promoted.
 
 That rerun is ckcheck's evidence that a difference is rounding (it shrinks with the precision) or
-real (it keeps its size). A Mixture-of-Experts model's experts call torch._grouped_mm, which has no
-float64 kernel: without this, no MoE model could be rerun. Nothing here runs in a checked step.
+real (it keeps its size); a model that pins float32 somewhere, or a Mixture-of-Experts model's
+experts, could not be rerun otherwise. Nothing here runs in a checked step.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+_LOWER = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
@@ -45,14 +50,30 @@ if hasattr(torch.ops.aten, "_grouped_mm"):
     _BY_DEFINITION[torch.ops.aten._grouped_mm] = grouped_mm
 
 
+def _in_float64(args, kwargs):
+    """The call's arguments with every lower floating dtype asked for made float64, and, where a
+    float64 tensor is among them, every lower-precision tensor promoted to float64."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    mixed = any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 for v in leaves)
+
+    def promote(v):
+        if isinstance(v, torch.dtype) and v in _LOWER:
+            return torch.float64
+        if mixed and isinstance(v, torch.Tensor) and v.dtype in _LOWER:
+            return v.to(torch.float64)
+        return v
+
+    return pytree.tree_map(promote, (args, kwargs))
+
+
 class ByDefinition(TorchDispatchMode):
-    """Below autograd (the forward's and the backward's calls alike): an op of _BY_DEFINITION
-    called with a float64 tensor runs by its definition; every other call as it is."""
+    """Below autograd (the forward's and the backward's calls alike): every op computes in float64
+    (_in_float64), an op of _BY_DEFINITION by its definition."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        args, kwargs = _in_float64(args, kwargs or {})
         impl = _BY_DEFINITION.get(func.overloadpacket)
-        if impl is not None and any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args):
+        if impl is not None:
             return impl(*args, **kwargs)
         return func(*args, **kwargs)
 

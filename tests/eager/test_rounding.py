@@ -102,11 +102,20 @@ def test_ckcheck_passes_both_under_the_non_reentrant_checkpoint(ckcheck, factory
 
 
 def test_without_a_float64_rerun_the_lost_term_is_judged_on_the_gates_own_scale(ckcheck):
-    """A model that cannot compute in float64 (it casts its input to float32 before a float64
-    layer): the rerun says why it could not be made, and the lost term still fails on its own scale."""
+    """A model that cannot compute in float64 (it refuses inputs other than float32): the rerun says
+    why it could not be made, and the lost term still fails on its own scale."""
     r = ckcheck("run", "--model", fixture("rounding.py:lost_aux_loss_float32_only"), "--checkpoint", "torch-reentrant")
     assert r.code == 1, r.out + r.err
     g, causes = _gradients(r)
     assert causes == {"reentrant-no-grad"}, r.out
     assert g["details"]["rounding"]["rule"] == "own-scale", g["details"]
     assert "float64 rerun could not be made" in g["details"]["rounding"]["evidence"], g["details"]
+
+
+def test_a_model_that_pins_float32_is_still_rerun_in_float64(ckcheck):
+    """Casts to float32 and float32 factories inside the blocks: the rerun computes them in float64,
+    and the pure summation order passes by the float64 rule (the own-scale bound would fail it)."""
+    r = ckcheck("run", "--model", fixture("rounding.py:cancelling_bias_pinned"), "--checkpoint", "torch-reentrant")
+    assert r.code == 0, r.out + r.err
+    g, causes = _gradients(r)
+    assert causes == {"accumulation-order"} and g["details"]["rounding"]["rule"] == "float64", g["details"]

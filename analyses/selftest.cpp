@@ -47,7 +47,10 @@ bool hooks_differ(const RunRecords& records) {
 
 PlantOutcome plant_outcome(const Plant& plant, const RunOutcome& outcome, const RunConfig& config) {
   const auto& c = plant_class(plant.kind());
-  PlantOutcome o{c.name, plant.site(), c.cause, false};
+  PlantOutcome o;
+  o.plant = c.name;
+  o.site = plant.site();
+  o.cause = c.cause;
   const auto& calls = outcome.records.checkpointed.calls;
   const bool recompute_differs = std::any_of(calls.begin(), calls.end(), [](const CallEvidence& c) {
     return std::any_of(c.output_diffs.begin(), c.output_diffs.end(), [](const TensorDiff& d) { return !d.equal; });
@@ -55,6 +58,13 @@ PlantOutcome plant_outcome(const Plant& plant, const RunOutcome& outcome, const 
   o.manifest = std::any_of(outcome.diffs.begin(), outcome.diffs.end(), [](const TensorDiff& d) { return !d.equal; }) ||
                recompute_differs || hooks_differ(outcome.records) || !outcome.records.checkpointed.error.empty() ||
                (plant.kind() == PlantKind::kRankSameMask && config.data_parallel != nullptr);
+  const auto plain = outcome.records.reference.plant_calls, checkpointed = outcome.records.checkpointed.plant_calls;
+  if (plain != checkpointed) {
+    o.invalid = fmt::format("the plain step calls {} {} times and the checkpointed step {} times (a unit the model "
+                            "checkpoints as a closure of its own runs through ckcheck only when checkpointed): plant "
+                            "at a module path",
+                            plant.site(), plain, checkpointed);
+  }
   return o;
 }
 
@@ -70,7 +80,10 @@ SelftestCell judge_plant(const PlantOutcome& o, const std::vector<CheckResult>& 
   }
   cell.found.assign(found.begin(), found.end());
   const auto verdict = verdict_of(results);
-  if (!o.manifest) {
+  if (!o.invalid.empty()) {
+    cell.outcome = "error";
+    cell.note = o.invalid;
+  } else if (!o.manifest) {
     // Nothing changed: this configuration is immune to the plant, and a failure would be a false alarm.
     cell.outcome = verdict == Verdict::kPass ? "dormant" : "false-alarm";
     cell.note = verdict == Verdict::kPass
@@ -80,6 +93,13 @@ SelftestCell judge_plant(const PlantOutcome& o, const std::vector<CheckResult>& 
     cell.outcome = "missed";
   } else {
     cell.outcome = found.count(o.cause) ? "caught" : "other-cause";
+    if (cell.outcome == "other-cause") {
+      std::vector<std::string> said;
+      for (const auto& r : results) {
+        if (r.status == Status::kFail || r.status == Status::kError) said.push_back(r.id + ": " + r.summary);
+      }
+      cell.note = fmt::format("{}", fmt::join(said, "; "));
+    }
   }
   return cell;
 }

@@ -24,6 +24,10 @@ struct PlantOutcome {
   /// configuration is immune to (a non-reentrant checkpoint keeps what a reentrant one loses) is
   /// not.
   bool manifest = false;
+  /// Why the plant cannot be judged ("" when it can): the plain and the checkpointed step call the
+  /// site a different number of times (a unit the model checkpoints as a closure of its own, which
+  /// runs through ckcheck only when checkpointed).
+  std::string invalid;
 };
 
 /// A plant from its spec, CLASS@SITE, at a site of `model`; throws UsageError naming the classes or

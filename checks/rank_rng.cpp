@@ -1,12 +1,36 @@
 // rank-rng (with --world-size): each rank draws its own dropout masks, and each rank's recompute
 // replays its own draws.
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include "checks/common.h"
 #include "harness/support/text.h"
 
 namespace ckcheck {
 namespace {
+
+// Draws later than each rank's first that two ranks make from the same generator state (a mask a
+// site seeds alike on every rank, after dropout each rank draws its own): one finding per site.
+void shared_draws(const std::vector<RunRecords::Rank>& ranks, CheckResult& r) {
+  std::map<uint64_t, std::pair<int, const RunRecords::Rank::Draw*>> seen;  // state -> first rank drawing it
+  std::set<std::string> named;
+  for (const auto& k : ranks) {
+    for (const auto& d : k.draws_at) {
+      auto [it, fresh] = seen.emplace(d.state, std::make_pair(k.rank, &d));
+      if (fresh || it->second.first == k.rank || !named.insert(d.site).second) continue;
+      const bool first_already = std::any_of(r.findings.begin(), r.findings.end(),
+                                             [&](const Finding& f) { return f.site == d.site; });
+      if (first_already) continue;
+      add_finding(r, {Cause::kRng, d.site, d.op,
+                      fmt::format("ranks {} and {} draw {} at {} from the same generator state, so they draw the "
+                                  "same numbers there (a mask or noise seeded alike on every rank)",
+                                  it->second.first, k.rank, d.op, d.site),
+                      "seed every generator the model draws from per rank (seed + rank), including a torch.Generator "
+                      "of its own or one forked with torch.random.fork_rng"});
+    }
+  }
+}
 
 class RankRngCheck : public Check {
  public:
@@ -48,6 +72,7 @@ class RankRngCheck : public Check {
                         "every rank, as data-parallel training does"});
       }
     }
+    shared_draws(ranks, r);
     if (!r.findings.empty()) {
       r.status = Status::kFail;
       r.summary = "random draws are not per rank, or not replayed";

@@ -513,7 +513,7 @@ std::vector<std::string> selftest_lines(const SelftestResult& s) {
                                 s.cpu_seconds / s.plain_step_seconds, s.cells.size(), seconds_text(s.plain_step_seconds)));
   }
   for (const auto& c : s.cells) {
-    if (c.outcome != "missed" && c.outcome != "false-alarm" && c.outcome != "error") continue;
+    if (c.outcome == "caught" || c.outcome == "dormant") continue;
     lines.push_back(fmt::format("{} {} at {}{}: {}", c.outcome, c.plant, c.site, c.note.empty() ? "" : " (" + c.note + ")",
                                 c.reproduce));
   }

@@ -159,29 +159,41 @@ void gather_ranks(Collective* collective, RunRecords& records, const std::string
       mine.first_draw = c.site;
     }
     mine.draws = mine.draws || drew;
+    for (const auto& d : c.forward_draws) mine.draws_at.push_back({c.site, d.op, d.state});
     bool differs = false;
     for (const auto& d : c.output_diffs) differs = differs || !d.equal;
     if (drew && differs) mine.replayed = false;
   }
   auto to_json = [&identity](const RunRecords::Rank& k) {
+    nlohmann::json draws = nlohmann::json::array();
+    for (const auto& d : k.draws_at) draws.push_back({d.site, d.op, d.state});
     return nlohmann::json{{"rank", k.rank}, {"rng_start", k.rng_start}, {"draws", k.draws},
                           {"replayed", k.replayed}, {"error", k.error}, {"first_draw", k.first_draw},
-                          {"identity", identity}}.dump();
+                          {"draws_at", draws}, {"identity", identity}}.dump();
   };
+  // Each gather its own keys: one process may run several checks in a row (ckcheck selftest), and a
+  // key read before its rank wrote it again would hand rank 0 that rank's previous record. Every rank
+  // gathers in lockstep, so their counts agree.
+  static int gathers = 0;
+  const int gather = gathers++;
   if (mine.rank != 0) {
-    collective->set(fmt::format("ckcheck/rank/{}", mine.rank), to_json(mine));
+    collective->set(fmt::format("ckcheck/rank/{}/{}", gather, mine.rank), to_json(mine));
     return;
   }
   records.ranks.push_back(mine);
   for (int r = 1; r < collective->world_size(); ++r) {
-    const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}", r)));
+    const auto j = nlohmann::json::parse(collective->get(fmt::format("ckcheck/rank/{}/{}", gather, r)));
     if (j.at("identity").get<std::string>() != identity) {
       throw UsageError(fmt::format("rank {} runs {}, but rank 0 runs {}; start every rank with the same command",
                                    r, j.at("identity").get<std::string>(), identity));
     }
-    records.ranks.push_back({j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
-                             j.at("replayed").get<bool>(), j.at("error").get<std::string>(),
-                             j.at("first_draw").get<std::string>()});
+    RunRecords::Rank k{j.at("rank").get<int>(), j.at("rng_start").get<uint64_t>(), j.at("draws").get<bool>(),
+                       j.at("replayed").get<bool>(), j.at("error").get<std::string>(),
+                       j.at("first_draw").get<std::string>()};
+    for (const auto& d : j.at("draws_at")) {
+      k.draws_at.push_back({d.at(0).get<std::string>(), d.at(1).get<std::string>(), d.at(2).get<uint64_t>()});
+    }
+    records.ranks.push_back(std::move(k));
   }
 }
 

@@ -9,6 +9,8 @@
 namespace ckcheck {
 
 const std::vector<PlantClass>& plant_classes() {
+  // hook-twice last: under DDP its planted step stops in the backward, which may leave the ranks'
+  // collectives out of step for a run after it.
   static const std::vector<PlantClass> classes = {
       {PlantKind::kRngNotReplayed, "rng-not-replayed", "rng",
        "dropout whose recompute draws from another RNG state than its forward"},
@@ -22,10 +24,10 @@ const std::vector<PlantClass>& plant_classes() {
       {PlantKind::kLostGradient, "lost-gradient", "reentrant-no-grad",
        "an auxiliary loss made inside the site (1% of the site's output gradient), lost where its forward runs "
        "without autograd"},
-      {PlantKind::kHookTwice, "hook-twice", "hook-count",
-       "the site reads a parameter from outside it, whose gradient hook fires once per backward task"},
       {PlantKind::kRankSameMask, "rank-same-mask", "rng",
        "a dropout mask from a generator seeded alike on every rank"},
+      {PlantKind::kHookTwice, "hook-twice", "hook-count",
+       "the site reads a parameter from outside it, whose gradient hook fires once per backward task"},
   };
   return classes;
 }
@@ -76,6 +78,7 @@ void Plant::begin_run(Model& model, uint64_t seed) {
   seed_ = seed;
   aux_.clear();
   backward_ = false;
+  forward_calls_ = 0;
   own_generator_ = at::make_generator<at::CPUGeneratorImpl>(seed * 7919 + 17);
   counter_ = torch::zeros({1}, torch::kFloat);
   outside_ = torch::Tensor();
@@ -107,6 +110,7 @@ SiteFn Plant::wrap(const SiteFn& fn) {
 
 std::vector<torch::Tensor> Plant::planted(const SiteFn& fn, const std::vector<torch::Tensor>& xs) {
   const bool recompute = backward_;
+  if (!recompute) ++forward_calls_;
   if (kind_ == PlantKind::kAutocastLost && recompute) {
     const AutocastScope off(AutocastState{});  // every device's autocast off
     return fn(xs);
@@ -142,8 +146,11 @@ std::vector<torch::Tensor> Plant::planted(const SiteFn& fn, const std::vector<to
     case PlantKind::kLostGradient: {
       // Computed in the recompute too, as the model's code would be (a checkpoint compares what its
       // forward and its recompute save); kept from the forward only, as a model collects it.
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(site_hash(site_) + seed_);
-      auto w = torch::randn(y.sizes(), gen, torch::TensorOptions().dtype(torch::kFloat)).to(y.options().requires_grad(false));
+      // Fixed weights, no random op (every rank computes the same term, as a loss does).
+      const double phase = static_cast<double>((site_hash(site_) + seed_) % 1000) / 1000.0;
+      auto w = torch::cos(torch::arange(y.numel(), torch::TensorOptions().dtype(torch::kFloat)) * 0.37 + phase)
+                   .reshape(y.sizes())
+                   .to(y.options().requires_grad(false));
       auto term = 0.01 * (y * w).sum();
       if (!recompute) aux_.push_back(term);
       break;

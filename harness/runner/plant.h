@@ -23,8 +23,8 @@ enum class PlantKind {
   kAutocastLost,       // the recompute runs without the forward's autocast (with --amp)
   kRandomRecomputed,   // noise from a generator of the site's own, drawn anew by the recompute
   kLostGradient,       // an auxiliary loss made inside the site: lost where the forward runs without autograd
-  kHookTwice,          // the site reads a parameter from outside it: its gradient hook fires per backward task
   kRankSameMask,       // a dropout mask from a generator seeded alike on every rank (with --world-size)
+  kHookTwice,          // the site reads a parameter from outside it: its gradient hook fires per backward task
 };
 
 /// One class of planted bug: its name (the selftest's row), the cause ckcheck must name, and what
@@ -64,6 +64,9 @@ class Plant {
   std::vector<torch::Tensor> take_aux();
   /// kStateTwice: the counter, as a state record of the site ("SITE.ckcheck_plant_counter").
   std::optional<std::pair<std::string, torch::Tensor>> state() const;
+  /// How often the planted site ran outside a backward since begin_run(): a plant judges a site
+  /// the plain and the checkpointed step both call alike.
+  int64_t forward_calls() const { return forward_calls_; }
 
  private:
   std::vector<torch::Tensor> planted(const SiteFn& fn, const std::vector<torch::Tensor>& xs);
@@ -71,6 +74,7 @@ class Plant {
   PlantKind kind_;
   std::string site_;
   bool backward_ = false;
+  int64_t forward_calls_ = 0;
   uint64_t seed_ = 0;
   at::Generator own_generator_;
   torch::Tensor counter_;

@@ -786,7 +786,10 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
     record.error = message_of(e);
     observer->flush();
   }
-  if (plant) plant->set_backward(false);
+  if (plant) {
+    plant->set_backward(false);
+    record.plant_calls = plant->forward_calls();
+  }
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   record.cpu_seconds = process_cpu_seconds() - cpu0;
   if (tp) {

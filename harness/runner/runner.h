@@ -147,6 +147,7 @@ struct StepRecord {
   std::string output_structure;  // what the forward returned, without values ("" when the model cannot say)
   double seconds = 0.0;
   double cpu_seconds = 0.0;   // the process's CPU time over the step (all threads)
+  int64_t plant_calls = -1;   // selftest: how often the planted site ran in the forwards (-1: no plant)
 
   const TensorRecord* find(const std::string& name, const std::string& kind, int64_t step) const;
 };
@@ -268,6 +269,13 @@ struct RunRecords {
     bool replayed = true;   // every such site's recompute reproduced its forward
     std::string error;
     std::string first_draw;  // the first checkpointed site that drew, "" when none
+    /// Every random draw of the checkpointed calls' forwards: the site, the op, and its generator's
+    /// state (two ranks with a state in common draw the same numbers there).
+    struct Draw {
+      std::string site, op;
+      uint64_t state = 0;
+    };
+    std::vector<Draw> draws_at{};
   };
   std::vector<Rank> ranks;
   /// A model trained compiled (--compile): what the compiler did (Model::compiled_steps()).

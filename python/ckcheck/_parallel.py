@@ -142,10 +142,25 @@ class Engine:
 
     def use(self, on):
         self.on = on
+        if on and self.wrapper is not None and self._unfinished_anywhere():
+            # A step that threw in its backward (a hook fired twice) never reached step_done: its
+            # reducer still waits, and would refuse every later step. Every rank makes a fresh one.
+            self.wrapper = None
         if on and self.wrapper is None:
             from torch.nn.parallel import DistributedDataParallel
 
             self.wrapper = DistributedDataParallel(self.module, **self.options)
+
+    def _unfinished_anywhere(self):
+        """Whether some rank's last step left its reducer unfinished: decided by all ranks together
+        (each calls this as its step begins), so that they make a fresh wrapper together."""
+        try:
+            self.wrapper._check_reducer_finalized()
+            unfinished = torch.zeros(1)
+        except RuntimeError:
+            unfinished = torch.ones(1)
+        dist.all_reduce(unfinished)
+        return unfinished.item() > 0
 
     def __call__(self, *args, **kwargs):
         return (self.wrapper if self.on else self.module)(*args, **kwargs)

@@ -95,6 +95,9 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
                       const std::function<void(RunRecords&)>& after_records) {
   Needs needs;
   for (const auto& c : checks) needs |= c->info().needs;
+  // A planted run (selftest) tells whether its plant changed anything by every record, whichever
+  // checks it makes: the hooks' counts too.
+  needs.hooks = needs.hooks || runner.config().plant != nullptr;
   RunOutcome out;
   const double cpu0 = process_cpu_seconds();
   out.records = runner.run_all(plan, needs);

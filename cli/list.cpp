@@ -9,12 +9,13 @@
 
 #include "checks/check.h"
 #include "fixtures/registry.h"
+#include "harness/runner/plant.h"
 #include "reports/report.h"
 
 namespace ckcheck::cli {
 
 void setup_list(CLI::App& app, int& exit_code) {
-  auto* sub = app.add_subcommand("list", "List the built-in models (options, sites), policies, checks, causes and report formats");
+  auto* sub = app.add_subcommand("list", "List the built-in models (options, sites), policies, checks, causes, the bugs selftest plants and report formats");
   sub->callback([&exit_code] { exit_code = run_list(std::cout); });
 }
 
@@ -53,6 +54,8 @@ int run_list(std::ostream& out) {
   }
   out << "\nCauses (in findings):\n";
   for (auto c : all_causes()) out << fmt::format("  {:<28} {}\n", cause_name(c), fix_hint(c));
+  out << "\nPlanted bugs (ckcheck selftest --plants CLASS,CLASS; ckcheck run --plant CLASS@SITE):\n";
+  for (const auto& c : plant_classes()) out << fmt::format("  {:<28} {} (the cause: {})\n", c.name, c.what, c.cause);
   out << "\nReport formats (--report FORMAT[=PATH]): " << fmt::format("{}", fmt::join(report_formats(), ", ")) << "\n";
   return 0;
 }

@@ -138,6 +138,13 @@ void setup_selftest(CLI::App& app, int& exit_code) {
   sub->add_option("--plants", o->plants, fmt::format("the classes to plant, comma-separated (default: every one this "
                                                      "configuration supports): {}", fmt::join(names, ", ")))
       ->type_name("CLASS[,CLASS]");
+  std::vector<std::string> ids;
+  for (const auto& c : builtin_checks()) ids.push_back(c->id());
+  sub->add_option("--checks", o->run.checks,
+                  fmt::format("the checks each run makes, comma-separated (default: those `ckcheck run` makes): {}; a "
+                              "class no check left can see is missed",
+                              fmt::join(ids, ", ")))
+      ->delimiter(',');
   sub->add_flag("--every-site", o->every_site,
                 "plant each class at every checkpointed unit (default: class k at unit k, round the units: every unit "
                 "and every class once, at about one run per class)");

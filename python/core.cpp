@@ -32,6 +32,7 @@
 #include "cli/common.h"
 #include "cli/launch.h"
 #include "cli/run.h"
+#include "cli/selftest.h"
 #include "cli/supervise.h"
 #include "cli/validate_op.h"
 #include "harness/runner/data_parallel.h"
@@ -700,13 +701,18 @@ py::tuple report_texts(const Report& report) {
   return py::make_tuple(report_json(report).dump(), console.str());
 }
 
-py::tuple run_options(py::object factory, const std::string& name, const py::dict& options) {
+// `ckcheck run`'s options a call gives by keyword, for the model `factory` (named `name`); `extra`
+// takes the calling function's own keywords (`extra_known` lists them for the error).
+cli::RunOptions keyword_options(const py::object& factory, const std::string& name, const py::dict& options,
+                                const char* function,
+                                const std::function<bool(const std::string&, py::handle)>& extra = nullptr,
+                                const std::vector<std::string>& extra_known = {}) {
   auto o = cli::default_run_options();
   // A factory's name is the --model it was given as (and the reproduce line's); a factory object
   // goes to the loader, under its name when that is one --model takes.
   const bool named = py::isinstance<py::str>(factory);
   o.model.model = named || cli::is_python_model(name) ? name : "ckcheck.run:model";
-  std::vector<std::string> known;
+  std::vector<std::string> known = extra_known;
   add_keywords(cli::model_option_table(), known);
   add_keywords(cli::run_option_table(), known);
   for (const auto& [knob, value] : o.knobs) known.push_back(knob);
@@ -714,21 +720,47 @@ py::tuple run_options(py::object factory, const std::string& name, const py::dic
   for (auto& k : known) std::replace(k.begin(), k.end(), '-', '_');
   for (const auto& [k, value] : options) {
     const auto key = k.cast<std::string>();
-    const bool set = key != "model" && (set_option(cli::model_option_table(), o.model, key, value) ||
+    const bool set = key != "model" && ((extra && extra(key, value)) ||
+                                        set_option(cli::model_option_table(), o.model, key, value) ||
                                         set_option(cli::run_option_table(), o, key, value) || set_knob(o, key, value));
-    if (!set) unknown_option("run", key, known);
+    if (!set) unknown_option(function, key, known);
   }
+  return o;
+}
+
+// Runs `work` with the factory object handed to the loader (a named factory the loader imports).
+template <class F>
+Report with_given_model(py::object factory, const std::string& name, F&& work) {
+  const bool named = py::isinstance<py::str>(factory);
   const GivenModel given{std::move(factory), name};
   if (!named) given_model = &given;
   struct Reset {
     ~Reset() { given_model = nullptr; }
   } reset;
-  std::optional<Report> report;
-  {
-    py::gil_scoped_release released;
-    report = cli::run_in_process(o);
-  }
-  return report_texts(*report);
+  py::gil_scoped_release released;
+  return work();
+}
+
+py::tuple run_options(py::object factory, const std::string& name, const py::dict& options) {
+  const auto o = keyword_options(factory, name, options, "run");
+  return report_texts(with_given_model(std::move(factory), name, [&] { return cli::run_in_process(o); }));
+}
+
+py::tuple selftest_options(py::object factory, const std::string& name, const py::dict& options) {
+  cli::SelftestOptions s;
+  auto extra = [&s](const std::string& key, py::handle value) {
+    if (key == "plants") {
+      s.plants = typed<std::vector<std::string>>(key, value);
+      return true;
+    }
+    if (key == "every_site") {
+      s.every_site = typed<bool>(key, value);
+      return true;
+    }
+    return false;
+  };
+  s.run = keyword_options(factory, name, options, "selftest", extra, {"plants", "every_site"});
+  return report_texts(with_given_model(std::move(factory), name, [&] { return cli::selftest_in_process(s); }));
 }
 
 py::tuple validate_op_options(const py::dict& options) {
@@ -755,6 +787,10 @@ py::tuple validate_op(const py::dict& options) {
   return python_errors([&] { return validate_op_options(options); });
 }
 
+py::tuple selftest(py::object factory, const std::string& name, const py::dict& options) {
+  return python_errors([&] { return selftest_options(std::move(factory), name, options); });
+}
+
 }  // namespace
 }  // namespace ckcheck::python
 
@@ -770,6 +806,10 @@ PYBIND11_MODULE(_core, m) {
         "with `ckcheck run`'s options by keyword "
         "(input_requires_grad=True, accumulate=2, ...); returns (report JSON text, console text). Raises "
         "ckcheck.UsageError (.field: the keyword) for what cannot be checked.");
+  m.def("selftest", &ckcheck::python::selftest, py::arg("factory"), py::arg("name"), py::arg("options"),
+        "Plants each class of bug into the model a factory makes and checks it, as `ckcheck selftest` does, "
+        "with `ckcheck run`'s options and plants=, every_site= by keyword; returns (report JSON text, console "
+        "text). Raises ckcheck.UsageError for what cannot be checked.");
   m.def("validate_op", &ckcheck::python::validate_op, py::arg("options"),
         "Validates a custom op with `ckcheck validate-op`'s options by keyword (op=, shapes=, ...); returns "
         "(report JSON text, console text).");

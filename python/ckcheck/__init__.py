@@ -21,8 +21,8 @@ from ckcheck import _core
 from ckcheck._model import UsageError
 from ckcheck._report import Check, Finding, Report
 
-__all__ = ["run", "check_factory", "assert_checkpoint_equivalent", "validate_op", "main", "Report", "Check", "Finding",
-           "UsageError", "CheckpointMismatch"]
+__all__ = ["run", "selftest", "check_factory", "assert_checkpoint_equivalent", "validate_op", "main", "Report", "Check",
+           "Finding", "UsageError", "CheckpointMismatch"]
 
 
 class CheckpointMismatch(AssertionError):
@@ -126,6 +126,35 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
                                             seed=seed, steps=steps, checks=checks, tolerance=tolerance, loss=loss,
                                             enable=enable, disable=disable, preserve_rng_state=preserve_rng_state),
                         options)
+    command = report.get("reproduce", "")
+    report["reproduce"] = call
+    if command:
+        console = console.replace(f"reproduce: {command}", f"reproduce: {call}")
+    return Report(report, console)
+
+
+def selftest(model, inputs=None, *, plants=None, every_site=False, sites=None, policy="every:1", checkpoint="auto",
+             seed=0, loss=None, enable=None, disable=None, **options) -> Report:
+    """Plants each class of bug ckcheck claims to catch into `model` under this configuration, one at
+    a time, and checks each as ckcheck.run does, as `ckcheck selftest` does: report.selftest holds
+    the detection matrix (each cell caught with the right cause, with another, missed, or dormant
+    where the configuration is immune), and report.verdict is "pass" when the unplanted model
+    passes and every live plant is caught.
+
+    plants: classes to plant (default: every one the configuration supports), e.g.
+        ["rng-not-replayed", "lost-gradient"]. every_site: plant each class at every checkpointed
+        unit (default: class k at unit k). The other arguments are ckcheck.run's.
+    Raises UsageError (one line; .field names the argument) for what cannot be checked.
+    """
+    given = dict(sites=sites, policy=policy, checkpoint=checkpoint, seed=seed, plants=plants, every_site=every_site)
+    given.update(options)
+    cls = type(model)
+    data, console = _core.selftest(_factory(model, inputs, loss, enable, disable), f"{cls.__module__}.{cls.__qualname__}",
+                                   {k: v for k, v in given.items() if v is not None})
+    report = json.loads(data)
+    call = f"ckcheck.selftest(model{'' if inputs is None else ', inputs'}" + "".join(
+        f", {k}={v!r}" for k, v in given.items() if v not in (None, False) and k not in ("policy", "seed")) + \
+        f")  # model: {cls.__module__}.{cls.__qualname__}"
     command = report.get("reproduce", "")
     report["reproduce"] = call
     if command:

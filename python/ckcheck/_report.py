@@ -89,6 +89,12 @@ class Report:
         return self._data.get("diagnosis")
 
     @property
+    def selftest(self) -> Optional[dict]:
+        """ckcheck.selftest's detection matrix: classes, cells (plant, site, cause, outcome, found,
+        reproduce), counts, caught_share and its cost in plain steps; None for other reports."""
+        return self._data.get("selftest")
+
+    @property
     def cost(self) -> Optional[dict]:
         """What the check cost in CPU time: "plain_steps", "cpu_seconds", "plain_step_cpu_seconds",
         "phases" (None for a report that does not measure it)."""

@@ -34,7 +34,7 @@ def ckcheck(tmp_path):
     def run(*args, timeout=600):
         path = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
         argv = [ckcheck_bin(), *map(str, args)]
-        if args and args[0] in ("run", "diagnose", "bench", "validate-op"):
+        if args and args[0] in ("run", "diagnose", "bench", "validate-op", "selftest"):
             argv += ["--report", f"json={path}"]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         report = json.loads(path.read_text()) if path.exists() else None

@@ -88,6 +88,10 @@ class Golden : public ::testing::TestWithParam<std::string> {
                                     "146KiB", "--steps", "2", "--warmup", "1", "--time-budget", "0", "--report",
                                     "console=" + dir + "/golden_plan.txt", "--report", "json=" + dir + "/golden_plan.json",
                                     "--report", "markdown=" + dir + "/golden_plan.md", "--report", "html=" + dir + "/golden_plan.html"});
+    // The selftest contract: every class a single CPU process supports, planted into the mlp.
+    selftest_exit_code_ = cli::run_cli({"selftest", "--model", "mlp", "--layers", "2", "--hidden", "4", "--dropout", "0.5",
+                                        "--report", "console=" + dir + "/golden_selftest.txt", "--report",
+                                        "json=" + dir + "/golden_selftest.json"});
     // The op-validation contract: an op that changes its argument in place without declaring it.
     validate_exit_code_ = cli::run_cli({"validate-op", "--library", CKCHECK_TEST_OPS_LIBRARY, "--op",
                                         "ckcheck_test::mutating", "--cases", "3", "--report",
@@ -110,9 +114,10 @@ class Golden : public ::testing::TestWithParam<std::string> {
     if (file.rfind("diagnose", 0) == 0) return diagnose_exit_code_;
     if (file.rfind("validate-op", 0) == 0) return validate_exit_code_;
     if (file.rfind("plan", 0) == 0) return plan_exit_code_;
+    if (file.rfind("selftest", 0) == 0) return selftest_exit_code_;
     return exit_code_;
   }
-  static int exit_code_, bench_exit_code_, diagnose_exit_code_, validate_exit_code_, plan_exit_code_;
+  static int exit_code_, bench_exit_code_, diagnose_exit_code_, validate_exit_code_, plan_exit_code_, selftest_exit_code_;
   static std::string dir_;
 };
 int Golden::exit_code_ = -1;
@@ -120,11 +125,13 @@ int Golden::bench_exit_code_ = -1;
 int Golden::diagnose_exit_code_ = -1;
 int Golden::validate_exit_code_ = -1;
 int Golden::plan_exit_code_ = -1;
+int Golden::selftest_exit_code_ = -1;
 std::string Golden::dir_;
 
 TEST_P(Golden, ReportMatchesItsGoldenFile) {
   const bool measures = GetParam().rfind("bench", 0) == 0 || GetParam().rfind("plan", 0) == 0;
-  ASSERT_EQ(exit_code_of(GetParam()), measures ? 0 : 1);
+  // bench, plan and a sound selftest exit 0; run, diagnose and validate-op find something (1).
+  ASSERT_EQ(exit_code_of(GetParam()), measures || GetParam().rfind("selftest", 0) == 0 ? 0 : 1);
   auto actual = lines_of(dir_ + "/golden_" + GetParam());
   if (GetParam() == "bench.json" || GetParam() == "plan.json") {
     // Which warnings a bench gives depends on the machine's load (a policy measured faster than
@@ -175,7 +182,8 @@ TEST_P(Golden, ReportMatchesItsGoldenFile) {
 INSTANTIATE_TEST_SUITE_P(Formats, Golden,
                          ::testing::Values("run.txt", "run.json", "run.xml", "run.md", "run.html", "bench.json",
                                            "diagnose.txt", "diagnose.json", "diagnose.md", "validate-op.txt",
-                                           "validate-op.json", "validate-op.md", "plan.txt", "plan.json", "plan.md", "plan.html"),
+                                           "validate-op.json", "validate-op.md", "plan.txt", "plan.json", "plan.md", "plan.html",
+                                           "selftest.txt", "selftest.json"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '.', '_');

@@ -15,7 +15,7 @@ from conftest import ROOT, ckcheck_bin
 PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 # Pages about a command or an API: each shows at least one command that runs.
 COMMAND_PAGES = ["run.md", "diagnose.md", "bench.md", "plan.md", "validate-op.md", "list.md", "python.md", "report.md",
-                 "data-parallel.md"]
+                 "data-parallel.md", "selftest.md"]
 
 
 def commands(path):

@@ -30,4 +30,5 @@ configure_package_config_file(cmake/ckcheckConfig.cmake.in ${PROJECT_BINARY_DIR}
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ckcheckConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/ckcheckConfig.cmake ${PROJECT_BINARY_DIR}/ckcheckConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/ckcheck_pin_torch.cmake
         DESTINATION ${CKCHECK_INSTALL_CMAKEDIR})

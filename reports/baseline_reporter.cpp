@@ -63,7 +63,7 @@ nlohmann::json baseline_json(const Report& report) {
 
 nlohmann::json read_baseline(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw FieldError("baseline", fmt::format("@baseline '{}' cannot be read; give a file --export wrote", path));
+  if (!in) throw FieldError("baseline", fmt::format("@baseline '{}' cannot be read; give a file @export wrote", path));
   std::stringstream text;
   text << in.rdbuf();
   nlohmann::json j;
@@ -74,7 +74,7 @@ nlohmann::json read_baseline(const std::string& path) {
     j.at("verdict").get<std::string>();
   } catch (const std::exception&) {
     throw FieldError("baseline", fmt::format("@baseline '{}' is not a ckcheck baseline or JSON report; write one with "
-                                             "--export FILE", path));
+                                             "@export", path));
   }
   return j;
 }

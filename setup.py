@@ -36,6 +36,7 @@ class BuildCore(build_py):
         target = os.path.join(self.build_lib, "ckcheck")
         os.makedirs(os.path.join(target, "_bin"), exist_ok=True)
         shutil.copy2(os.path.join(build, "python", "ckcheck", "_core.so"), target)
+        shutil.copy2(os.path.join(build, "python", "ckcheck", "_built.py"), target)  # the torch it links against
         shutil.copy2(os.path.join(build, "ckcheck"), os.path.join(target, "_bin", "ckcheck"))
 
 
@@ -45,6 +46,14 @@ def _version() -> str:
         return re.search(r"project\(ckcheck VERSION ([0-9.]+)", f.read()).group(1)
 
 
+def _torch_requirement() -> str:
+    """torch== the release the core is built against (the torch of the Python that runs the build):
+    the core links against that LibTorch, so no other torch will load it."""
+    found = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__.split('+')[0])"],
+                           env=_outside_isolation(), capture_output=True, text=True)
+    return f"torch=={found.stdout.strip()}" if found.returncode == 0 and found.stdout.strip() else "torch"
+
+
 class BinaryDistribution(Distribution):
     def has_ext_modules(self):
         return True  # a platform wheel: built for this machine's torch
@@ -52,5 +61,6 @@ class BinaryDistribution(Distribution):
 
 # setuptools' own build folder stays out of CMake's (./build).
 os.makedirs(os.path.join(ROOT, "build", "setuptools"), exist_ok=True)
-setup(version=_version(), cmdclass={"build_py": BuildCore}, distclass=BinaryDistribution,
+setup(version=_version(), install_requires=[_torch_requirement()], cmdclass={"build_py": BuildCore},
+      distclass=BinaryDistribution,
       options={"build": {"build_base": os.path.join("build", "setuptools")}, "egg_info": {"egg_base": os.path.join("build", "setuptools")}})

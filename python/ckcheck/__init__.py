@@ -17,7 +17,14 @@ import json
 
 import torch  # noqa: F401  (LibTorch first: ckcheck._core links against it)
 
-from ckcheck import _core
+from ckcheck._built import TORCH_VERSION as _BUILT_AGAINST
+
+if torch.__version__.split("+")[0] != _BUILT_AGAINST:
+    raise ImportError(f"ckcheck was built against torch {_BUILT_AGAINST}, and this Python has torch "
+                      f"{torch.__version__}: install torch=={_BUILT_AGAINST}, or rebuild ckcheck against this torch "
+                      f"(pip install --no-build-isolation .)")
+
+from ckcheck import _core  # noqa: E402  (after the check: a core built for another torch fails to load)
 from ckcheck._model import UsageError
 from ckcheck._report import Check, Finding, Report
 
@@ -110,6 +117,11 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     where, each finding with its cause and hint; str(report) is the console report.
     Raises UsageError (one line; .field names the argument) for what cannot be checked.
     """
+    if not isinstance(preserve_rng_state, bool):
+        error = UsageError(f"preserve_rng_state takes True or False, not {type(preserve_rng_state).__name__} "
+                           f"{preserve_rng_state!r}")
+        error.field = "preserve_rng_state"
+        raise error
     given = dict(sites=sites, policy=policy, checkpoint=checkpoint, seed=seed, steps=steps, checks=checks,
                  tolerance=tolerance, no_preserve_rng=not preserve_rng_state)
     given.update(options)  # the command line's own spelling (no_preserve_rng=True) wins

@@ -78,8 +78,39 @@ def test_the_wheel_carries_the_built_core_and_command(fresh):
     _, wheel, seconds = fresh
     names = zipfile.ZipFile(wheel).namelist()
     assert "ckcheck/_core.so" in names and "ckcheck/_bin/ckcheck" in names, names
+    assert "ckcheck/_built.py" in names, names
     assert any(n.endswith("entry_points.txt") for n in names)
     print(f"pip installed the wheel in {seconds:.1f} s")
+
+
+def test_the_wheel_requires_the_torch_its_core_links_against(fresh):
+    """The core links against one LibTorch: the wheel's metadata pins torch to it."""
+    import torch
+
+    _, wheel, _ = fresh
+    archive = zipfile.ZipFile(wheel)
+    metadata = archive.read(next(n for n in archive.namelist() if n.endswith("METADATA"))).decode()
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert requires == [f"Requires-Dist: torch=={torch.__version__.split('+')[0]}"], requires
+
+
+def test_another_torch_is_refused_at_import_with_one_line(fresh, tmp_path):
+    """A torch that reports another version (a stand-in package that shadows the real one): import
+    ckcheck raises ImportError naming both versions, before the core is loaded."""
+    import torch
+
+    venv, _, _ = fresh
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "1.13.1"\n')
+    env = dict(_env(), PYTHONPATH=str(tmp_path / "fake"))
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", "import ckcheck"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    built = torch.__version__.split("+")[0]
+    assert last.startswith("ImportError: ckcheck was built against torch " + built), last
+    assert "1.13.1" in last, last
 
 
 def test_the_installed_command_runs_from_the_fresh_venv(fresh, tmp_path):

@@ -13,6 +13,7 @@
 #include "cli/launch.h"
 #include "cli/run.h"
 #include "cli/supervise.h"
+#include "harness/support/phase.h"
 #include "harness/runner/data_parallel.h"
 #include "harness/support/errors.h"
 #include "harness/support/text.h"
@@ -65,8 +66,9 @@ const OptionTable<BenchCliOptions>& bench_option_table() {
                     &BenchCliOptions::world_size)
                     .check(whole_number(1, 256)));
     t.push_back(Row("--timeout",
-                    "with --parallel: the wall-clock limit of the whole run in seconds (default 300); past it the "
-                    "ranks stop with one line naming the rank that did not finish, exit status 2, no report",
+                    "the wall-clock limit of the whole command in seconds (default: none; with --parallel, 300): past "
+                    "it the command stops with one line naming the phase it was in or the rank that did not finish, "
+                    "exit status 2, no report",
                     &BenchCliOptions::timeout)
                     .check(whole_number(1, 86400)));
     t.push_back(Row("--threads",
@@ -144,11 +146,12 @@ std::unique_ptr<Collective> per_rank_group(const BenchCliOptions& o, std::unique
 
 int run_bench_command(const BenchCliOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (o.model.parallel == "off" && (o.world_size > 1 || o.timeout > 0)) {
-    throw UsageError(fmt::format("{} applies to bench --parallel ddp|fsdp (memory per rank); add --parallel or drop it",
-                                 o.world_size > 1 ? "--world-size" : "--timeout"));
+  if (o.model.parallel == "off" && o.world_size > 1) {
+    throw UsageError("--world-size applies to bench --parallel ddp|fsdp (memory per rank); add --parallel or drop it");
   }
   const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
+  // One process: the deadline here, or in the ckcheck program that watches this one (a Python model).
+  if (o.model.parallel == "off" && o.timeout > 0 && !supervised()) arm_deadline(o.timeout);
   if (o.threads > 0) torch::set_num_threads(o.threads);
   BenchOptions options;
   options.policies = split_list(o.policies);

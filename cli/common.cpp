@@ -435,8 +435,34 @@ void add_report_option(CLI::App& app, std::vector<std::string>& reports, const s
       ->type_name("FORMAT[=PATH]");
 }
 
+namespace {
+
+// The files an input spec names: the spec itself; a FILE.py:CALLABLE's file; a package.module's
+// source (package/module.py, package/module/__init__.py) under the working folder. Only the ones
+// that exist count (report_targets compares files by identity).
+std::vector<std::string> files_named_by(const std::string& spec) {
+  std::vector<std::string> out{spec};
+  const auto colon = spec.rfind(':');
+  const std::string path = colon == std::string::npos ? spec : spec.substr(0, colon);
+  out.push_back(path);
+  if (path.find('/') == std::string::npos && path.size() < 4096) {
+    std::string module = path;
+    std::replace(module.begin(), module.end(), '.', '/');
+    out.push_back(module + ".py");
+    out.push_back(module + "/__init__.py");
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports,
-                                        const std::vector<std::string>& inputs) {
+                                        const std::vector<std::string>& specs) {
+  std::vector<std::string> inputs;
+  for (const auto& spec : specs) {
+    if (spec.empty()) continue;
+    for (auto& f : files_named_by(spec)) inputs.push_back(std::move(f));
+  }
   std::vector<ReportTarget> out;
   bool to_stdout = false;
   // Files by identity, so that two spellings of one file (or a link to it) are caught.
@@ -448,7 +474,7 @@ std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports
   std::map<std::pair<dev_t, ino_t>, std::string> taken;
   std::map<std::string, std::string> by_path;  // file reports by their resolved path (parse_report_target)
   for (const auto& in : inputs) {
-    if (const auto id = identity(in)) taken[*id] = "the input file '" + in + "'";
+    if (const auto id = identity(in)) taken.emplace(*id, "the input file '" + in + "'");
   }
   for (const auto& r : reports) {
     out.push_back(parse_report_target(r));

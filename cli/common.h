@@ -120,7 +120,9 @@ std::string model_command_line(const ModelArgs& args, bool with_policy = true);
 void add_report_option(CLI::App& app, std::vector<std::string>& reports, const std::string& note = "");
 
 /// --report targets, validated before any work: each writable, no two the same file, none one of
-/// `inputs` (the model, input or library files). The console report to standard output is added
+/// `inputs` -- specs as the options take them (a model FILE.py:CALLABLE or package.module:CALLABLE,
+/// a TorchScript or input file, a library, an --import module, a baseline), each protected as every
+/// file it names. The console report to standard output is added
 /// unless a report already goes there.
 std::vector<ReportTarget> report_targets(const std::vector<std::string>& reports,
                                          const std::vector<std::string>& inputs = {});

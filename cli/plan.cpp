@@ -6,6 +6,7 @@
 
 #include "analyses/plan.h"
 #include "cli/supervise.h"
+#include "harness/support/phase.h"
 #include "harness/support/errors.h"
 #include "harness/support/text.h"
 
@@ -44,6 +45,9 @@ const OptionTable<PlanCliOptions>& plan_option_table() {
                     "ckcheck run): bitwise, auto, rtol=R,atol=A or ulp=N",
                     &PlanCliOptions::tolerance)
                     .config("tolerance"));
+    t.push_back(Row("--timeout", "the wall-clock limit of the whole command, in seconds (default: none): past it the command stops with one "
+                    "line naming the phase it was in, exit status 2, and no report", &PlanCliOptions::timeout)
+                    .check(whole_number(1, 86400)));
     t.push_back(Row("--threads",
                     fmt::format("intra-op threads, 1 to {} (four per hardware thread; default: LibTorch's)", max_threads()),
                     &PlanCliOptions::threads)
@@ -77,6 +81,8 @@ void setup_plan(CLI::App& app, int& exit_code) {
 int run_plan_command(const PlanCliOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
+  // The deadline here, or in the ckcheck program that watches this one (a Python model).
+  if (o.timeout > 0 && !supervised()) arm_deadline(o.timeout);
   if (o.threads > 0) torch::set_num_threads(o.threads);
   if (o.model.compile) {
     throw UsageError("ckcheck plan profiles module checkpoints of an eager step; under --compile the compiler's own "

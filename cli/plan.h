@@ -17,6 +17,7 @@ struct PlanCliOptions {
   double time_budget = 30;
   int threads = 0;
   std::string tolerance = "bitwise";
+  int timeout = 0;  // --timeout: the whole command's wall-clock limit in seconds (0: none)
   std::vector<std::string> reports;
 };
 

@@ -9,6 +9,7 @@
 #include "cli/common.h"
 #include "analyses/validate_op.h"
 #include "cli/supervise.h"
+#include "harness/support/phase.h"
 #include "harness/support/errors.h"
 
 namespace ckcheck::cli {
@@ -29,10 +30,14 @@ const OptionTable<ValidateOpOptions>& validate_op_option_table() {
                     .always()
                     .config("op"));
     t.push_back(Row("--shapes", "one shape per tensor argument, as 4x16,4x16 (default: generated)", &ValidateOpOptions::shapes)
+                    .check(non_empty("a shape per tensor argument, as 4x16,4x16, or leave --shapes out"))
                     .config("shapes"));
     t.push_back(Row("--dtype", "dtype of the tensor arguments: float32, float64, bfloat16, int64", &ValidateOpOptions::dtype)
                     .always()
                     .config("dtype"));
+    t.push_back(Row("--timeout", "the wall-clock limit of the whole command, in seconds (default: none): past it the command stops with one "
+                    "line naming the phase it was in, exit status 2, and no report", &ValidateOpOptions::timeout)
+                    .check(whole_number(1, 86400)));
     t.push_back(Row("--seed", "seed of the generated cases (0 to 2^64-1)", &ValidateOpOptions::seed)
                     .check(whole_number(0, UINT64_MAX))
                     .always()
@@ -108,7 +113,10 @@ Report validate_op_report(const ValidateOpOptions& o) {
 }
 
 int run_validate_op(const ValidateOpOptions& o) {
-  const auto targets = report_targets(o.reports, {o.library});  // checked before any work is done
+  // The deadline here, or in the ckcheck program that watches this one (--import: a Python process).
+  if (o.timeout > 0 && !supervised()) arm_deadline(o.timeout);
+  // Checked before any work is done; the library and the imported module are inputs.
+  const auto targets = report_targets(o.reports, {o.library, o.import_module});
   const auto report = validate_op_report(o);
   commit_reports(report, targets);
   return report.verdict == Verdict::kPass ? 0 : 1;

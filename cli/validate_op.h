@@ -20,6 +20,7 @@ struct ValidateOpOptions {
   std::string dtype = "float32";
   uint64_t seed = 0;
   int cases = 10;
+  int timeout = 0;  // --timeout: the whole command's wall-clock limit in seconds (0: none)
   std::vector<std::string> reports;
 };
 

@@ -5,26 +5,17 @@
 
 #include <algorithm>
 
+#include "harness/support/text.h"
 #include "reports/report.h"
 #include "reports/sections.h"
 
 namespace ckcheck {
 namespace {
 
-// Text from the model on a terminal: no control characters (an escape sequence in a module name
-// or an error message could rewrite the screen); ckcheck's own colours are added after.
-std::string clean(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u != 0x7f) {
-      out += c;
-    } else if (c == '\n' || c == '\t') {
-      out += c == '\n' ? '\n' : ' ';
-    }
-  }
-  return out;
-}
+// Text from the model on a terminal, one line each: no control characters (an escape sequence in a
+// module name or an error message could rewrite the screen, a newline forge a verdict line), shown
+// as escapes instead; ckcheck's own colours are added after.
+std::string clean(const std::string& s) { return visible(s); }
 
 void clean_all(std::vector<std::string>& v) {
   for (auto& s : v) s = clean(s);

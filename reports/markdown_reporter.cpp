@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "harness/support/text.h"
 #include "reports/report.h"
 #include "reports/sections.h"
 
@@ -50,6 +51,18 @@ std::string md_block(const std::string& s) {
     if (static_cast<unsigned char>(c) >= 0x20 || c == '\n') out += c == '`' ? '\'' : c;
   }
   return out;
+}
+
+// A command, verbatim, in a sh block whose fence is longer than any run of backticks in it (its
+// control characters are already shell escapes: shell_quote): copied, it runs as written.
+std::string md_command(const std::string& command) {
+  size_t longest = 0, run = 0;
+  for (char c : command) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  const std::string fence(std::max<size_t>(3, longest + 1), '`');
+  return fmt::format("{}sh\n{}\n{}\n", fence, visible(command), fence);
 }
 
 class MarkdownReporter : public Reporter {
@@ -176,7 +189,7 @@ class MarkdownReporter : public Reporter {
       for (const auto& line : selftest_lines(*r.selftest)) out << md_block(line) << "\n";
       out << "```\n\n";
     }
-    if (!r.reproduce.empty()) out << fmt::format("Reproduce:\n\n```sh\n{}\n```\n", md_block(r.reproduce));
+    if (!r.reproduce.empty()) out << "Reproduce:\n\n" << md_command(r.reproduce);
   }
 };
 

@@ -11,7 +11,43 @@
 
 namespace ckcheck {
 
+namespace {
+
+// [+-]digits, nothing else (no space, no 0x, no words).
+bool integer_syntax(const std::string& t) {
+  size_t i = t.size() > 0 && (t[0] == '+' || t[0] == '-') ? 1 : 0;
+  if (i == t.size()) return false;
+  for (; i < t.size(); ++i) {
+    if (!std::isdigit(static_cast<unsigned char>(t[i]))) return false;
+  }
+  return true;
+}
+
+// [+-](digits[.digits]|.digits)([eE][+-]digits): a decimal number as people write one -- no space,
+// no hexadecimal (0x1p-1), no inf or nan.
+bool decimal_syntax(const std::string& t) {
+  size_t i = t.size() > 0 && (t[0] == '+' || t[0] == '-') ? 1 : 0;
+  size_t digits = 0;
+  while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i, ++digits;
+  if (i < t.size() && t[i] == '.') {
+    ++i;
+    while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i, ++digits;
+  }
+  if (digits == 0) return false;
+  if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+    size_t exponent = 0;
+    while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i, ++exponent;
+    if (exponent == 0) return false;
+  }
+  return i == t.size();
+}
+
+}  // namespace
+
 std::optional<long long> parse_int(const std::string& text) {
+  if (!integer_syntax(text)) return std::nullopt;
   try {
     size_t used = 0;
     const long long v = std::stoll(text, &used);
@@ -22,6 +58,7 @@ std::optional<long long> parse_int(const std::string& text) {
 }
 
 std::optional<double> parse_double(const std::string& text) {
+  if (!decimal_syntax(text)) return std::nullopt;
   try {
     size_t used = 0;
     const double v = std::stod(text, &used);
@@ -44,8 +81,9 @@ int64_t parse_bytes(const std::string& text) {
   const double v = number ? *number : -1;
   if (!number) used = 0;
   std::string unit = used ? text.substr(used) : "";
+  // A unit is required: a bare number means a fraction elsewhere (run --memory-budget 0.5), never bytes.
   const std::vector<std::pair<std::string, double>> units = {
-      {"", 1},       {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+      {"B", 1},          {"KiB", 1024.0},   {"MiB", 1048576.0}, {"GiB", 1073741824.0},
       {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
       {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0}};
   for (const auto& [name, factor] : units) {
@@ -55,9 +93,15 @@ int64_t parse_bytes(const std::string& text) {
       throw UsageError(fmt::format("memory size '{}' is beyond any machine (more than 4 EiB); write it as 8GiB, 512MiB or 1.5GB",
                                    text));
     }
+    if (v * factor != std::floor(v * factor)) {
+      throw UsageError(fmt::format("memory size '{}' is not a whole number of bytes; write it as 8GiB, 512MiB or 1.5GB",
+                                   text));
+    }
     return static_cast<int64_t>(v * factor);
   }
-  throw UsageError(fmt::format("memory size '{}' not understood; write it as 8GiB, 512MiB, 1.5GB or a number of bytes", text));
+  throw UsageError(fmt::format("memory size '{}' not understood: give it with its unit, as 8GiB, 512MiB, 1.5GB or 4096B "
+                               "(a bare number is no size)",
+                               text));
 }
 
 std::string format_bytes(double b) {
@@ -99,6 +143,22 @@ std::string render_fields(const std::string& text, const std::function<std::stri
 
 }  // namespace
 
+bool is_interruption(const std::exception& e) {
+  if (dynamic_cast<const Interrupted*>(&e)) return true;
+  const std::string m = e.what();
+  for (size_t at = m.find("KeyboardInterrupt"); at != std::string::npos; at = m.find("KeyboardInterrupt", at + 1)) {
+    const size_t end = at + std::string("KeyboardInterrupt").size();
+    const bool starts = at == 0 || m[at - 1] == ' ' || m[at - 1] == '\n';
+    if (starts && (end == m.size() || m[end] == ':' || m[end] == '\n')) return true;
+  }
+  return false;
+}
+
+void rethrow_stops(const std::exception& e) {
+  if (is_interruption(e)) throw Interrupted();
+  if (const auto* setup = dynamic_cast<const SetupError*>(&e)) throw *setup;
+}
+
 FieldError::FieldError(std::string field, std::string text)
     : UsageError(render_fields(text, [](const std::string& name) { return name; })),
       field_(std::move(field)),
@@ -132,11 +192,33 @@ std::string text_after(const std::string& text, const std::string& key, const ch
 
 std::string shell_quote(const std::string& arg) {
   if (arg.empty()) return "''";
-  bool plain = true;
+  bool plain = true, control = false;
   for (char c : arg) {
-    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || std::string("-_./:=,+@%").find(c) != std::string::npos);
+    const auto u = static_cast<unsigned char>(c);
+    plain = plain && (std::isalnum(u) || std::string("-_./:=,+@%").find(c) != std::string::npos);
+    control = control || u < 0x20 || u == 0x7f;
   }
   if (plain) return arg;
+  if (control) {
+    // bash's $'...': every character as it is, control characters as escapes, on one line.
+    std::string out = "$'";
+    for (char c : arg) {
+      const auto u = static_cast<unsigned char>(c);
+      if (c == '\\' || c == '\'') {
+        out += '\\';
+        out += c;
+      } else if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\t') {
+        out += "\\t";
+      } else if (u < 0x20 || u == 0x7f) {
+        out += fmt::format("\\x{:02x}", u);
+      } else {
+        out += c;
+      }
+    }
+    return out + "'";
+  }
   std::string out = "'";
   for (char c : arg) {
     if (c == '\'') {
@@ -146,6 +228,23 @@ std::string shell_quote(const std::string& arg) {
     }
   }
   return out + "'";
+}
+
+std::string visible(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += ' ';
+    } else if (u < 0x20 || u == 0x7f) {
+      out += fmt::format("\\x{:02x}", u);
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 }  // namespace ckcheck

@@ -9,14 +9,17 @@
 
 namespace ckcheck {
 
+/// [+-]digits only (no space, no 0x).
 std::optional<long long> parse_int(const std::string& text);
-/// Finite numbers only.
+/// Finite decimal numbers only, as people write them: no surrounding space, no hexadecimal
+/// (0x1p-1), no inf or nan.
 std::optional<double> parse_double(const std::string& text);
 
 /// The first line of a message (errors from TorchScript or c10 carry tracebacks after it).
 std::string first_line(const std::string& message);
 
-/// "8GiB", "512MiB", "1.5GB", "1000000" -> bytes; throws UsageError otherwise.
+/// "8GiB", "512MiB", "1.5GB", "1000000B" -> bytes, the unit required and the result a whole number
+/// of bytes; throws UsageError otherwise.
 int64_t parse_bytes(const std::string& text);
 /// 1536 -> "1.5 KiB".
 std::string format_bytes(double bytes);
@@ -30,7 +33,13 @@ std::string text_after(const std::string& text, const std::string& key, const ch
 /// not blocks.10 nor blocks.1.attn.
 bool names_site(const std::string& text, const std::string& site);
 
-/// Shell-quotes one argument when it needs it ('blocks.*' stays one word, and no glob expands).
+/// Shell-quotes one argument when it needs it ('blocks.*' stays one word, and no glob expands); one
+/// with control characters (a newline, ESC) in bash's $'...' form, so that it stays on one line and
+/// writes nothing to a terminal.
 std::string shell_quote(const std::string& arg);
+
+/// Text from a model or a user for a terminal, on one line: a newline as \n, other control
+/// characters (ESC, which would start a terminal sequence) as \xHH, a tab as a space.
+std::string visible(const std::string& text);
 
 }  // namespace ckcheck

@@ -3,9 +3,11 @@
 // error names is given as the flag that sets it.
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cli/app.h"
@@ -71,17 +73,28 @@ RC_GTEST_PROP(OptionTable, TheReproduceLineSetsWhatTheCommandLineSet, ()) {
   RC_ASSERT(again.checks == o.checks);
 }
 
-// What /bin/sh makes of a quoted argument, as "COUNT:FIRST": the number of words it became and
-// the first (the reproduce line is pasted into a shell).
+// What bash makes of a quoted argument, as "COUNT:FIRST": the number of words it became and
+// the first (the reproduce line is pasted into a shell; control characters are written as bash's,
+// zsh's and POSIX 2024 sh's $'...', which Debian 12's dash does not read).
 std::string through_shell(const std::string& quoted) {
-  const std::string command = "set -- " + quoted + "; printf %s \"$#:$1\"";
-  FILE* pipe = popen(command.c_str(), "r");
+  char path[] = "/tmp/ckcheck-quote-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return "(mkstemp failed)";
+  const std::string script = "set -- " + quoted + "; printf %s \"$#:$1\"";
+  const bool written = write(fd, script.data(), script.size()) == static_cast<ssize_t>(script.size());
+  close(fd);
+  FILE* pipe = written ? popen(("bash " + std::string(path)).c_str(), "r") : nullptr;
+  if (pipe == nullptr) {
+    unlink(path);
+    return "(popen failed)";
+  }
   if (pipe == nullptr) return "(popen failed)";
   std::string out;
   char buffer[256];
   size_t n = 0;
   while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
   pclose(pipe);
+  unlink(path);
   return out;
 }
 

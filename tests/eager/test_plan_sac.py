@@ -18,7 +18,7 @@ MIB = 1 << 20
 
 def _plan(ckcheck, tmp_path, model, budget, *extra):
     path = tmp_path / "plan.json"
-    r = ckcheck("plan", "--model", model, "--memory-budget", str(budget), "--checkpoint", "torch",
+    r = ckcheck("plan", "--model", model, "--memory-budget", budget if isinstance(budget, str) else f"{budget}B", "--checkpoint", "torch",
                 "--report", f"json={path}", *extra)
     return r, (json.loads(path.read_text()) if path.exists() else None)
 

@@ -354,7 +354,10 @@ TEST(Bytes, ParseAndFormat) {
   EXPECT_EQ(parse_bytes("8GiB"), 8ll << 30);
   EXPECT_EQ(parse_bytes("512MiB"), 512ll << 20);
   EXPECT_EQ(parse_bytes("1.5GB"), 1500000000ll);
-  EXPECT_EQ(parse_bytes("1000"), 1000);
+  EXPECT_EQ(parse_bytes("1000B"), 1000);
+  EXPECT_THROW(parse_bytes("1000"), UsageError);   // a bare number is no size
+  EXPECT_THROW(parse_bytes("0.5"), UsageError);
+  EXPECT_THROW(parse_bytes("0.5B"), UsageError);   // not a whole number of bytes
   for (const std::string bad : {"", "lots", "-1GiB", "8 GiB", "8Gb"}) EXPECT_THROW(parse_bytes(bad), UsageError) << bad;
   EXPECT_EQ(format_bytes(1536), "1.5 KiB");
   EXPECT_EQ(format_bytes(12), "12 B");

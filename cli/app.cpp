@@ -5,7 +5,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -20,6 +23,8 @@
 #include "cli/selftest.h"
 #include "cli/validate_op.h"
 #include "harness/support/errors.h"
+#include "harness/support/phase.h"
+#include "harness/support/text.h"
 #include "reports/report.h"
 
 namespace ckcheck::cli {
@@ -70,7 +75,7 @@ std::string one_line(std::string s) {
     if (cut != std::string::npos) s = s.substr(0, cut);
   }
   std::replace(s.begin(), s.end(), '\n', ' ');
-  return user_paths_only(s);
+  return visible(user_paths_only(s));  // an echoed argument or a module's message: no terminal sequence
 }
 
 int fail_usage(const std::string& message) {
@@ -91,7 +96,33 @@ std::string flag_for_field(const std::string& field) {
   return "--" + words;  // a built-in model's option, --report
 }
 
+namespace {
+
+// A rank the launcher started tells it, through a file of its own, its phase and the exit status
+// ckcheck chose (CKCHECK_RANK_STATUS_FILE): a rank that ends otherwise (os._exit, a signal) is told
+// apart, with the phase it was in.
+void open_rank_status() {
+  const char* file = std::getenv("CKCHECK_RANK_STATUS_FILE");
+  if (!file || !*file || supervised()) return;
+  const int fd = open(file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  set_status_fd(fd);
+  tell_started();
+}
+
+}  // namespace
+
+// The command line's exit status, with its one line on standard error (run_cli tells it on).
+int run_cli_unreported(const std::vector<std::string>& given);
+
 int run_cli(const std::vector<std::string>& given) {
+  open_rank_status();
+  const int code = run_cli_unreported(given);
+  tell_exit(code);
+  return code;
+}
+
+int run_cli_unreported(const std::vector<std::string>& given) {
   // --verbose anywhere: errors keep their whole text (a Python traceback, c10's trailer).
   std::vector<std::string> args;
   for (const auto& a : given) {
@@ -138,6 +169,11 @@ int run_cli(const std::vector<std::string>& given) {
     }
     const std::string hint = subs.empty() ? "ckcheck --help" : "ckcheck " + subs.front()->get_name() + " --help";
     return fail_usage(std::string(e.what()) + " (see `" + hint + "`)");
+  } catch (const Interrupted&) {
+    // A SIGINT that reached the model's Python code: one line, the signal's status, no report.
+    std::cerr << "ckcheck: error: stopped by SIGINT (Interrupt) in " << visible(current_phase())
+              << "; no report was written\n";
+    return 128 + SIGINT;
   } catch (const FieldError& e) {
     return fail_usage(e.render(flag_for_field));
   } catch (const UsageError& e) {

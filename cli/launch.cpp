@@ -21,6 +21,7 @@
 
 #include "harness/runner/data_parallel.h"
 #include "harness/support/errors.h"
+#include "harness/support/phase.h"
 #include "harness/support/text.h"
 
 namespace ckcheck::cli {
@@ -197,11 +198,34 @@ std::vector<std::string> rank_program() {
 struct Ranks {
   std::vector<pid_t> pids;
   std::vector<int> status;  // exit status, -1 while running
-  std::vector<std::string> errs, waits;
+  std::vector<std::string> errs, waits, statuses;  // error output, wait mark, status lines
   int failed_rank = -1;
+  int failed_priority = 3;  // how much the first failure explains: 0 most (see reap)
   std::string problem;
   std::optional<std::chrono::steady_clock::time_point> grace;
 };
+
+// What a rank told the launcher through its status file: the last phase, and the exit status
+// ckcheck chose (none when the process ended otherwise: os._exit, a signal, a crash).
+struct Told {
+  std::string phase = "starting";
+  std::optional<int> exit;
+};
+
+Told told_by(const std::string& path) {
+  Told t;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("phase ", 0) == 0) t.phase = line.substr(6);
+    if (line.rfind("exit ", 0) == 0) t.exit = std::atoi(line.c_str() + 5);
+  }
+  return t;
+}
+
+std::string signal_words(int signo) {
+  const char* name = sigabbrev_np(signo);
+  return fmt::format("signal {} (SIG{})", signo, name ? name : "?");
+}
 
 // In the child: the rank's environment and output, then this program again.
 [[noreturn]] void become_rank(const std::vector<std::string>& program, pid_t launcher, int r, int world_size, int port,
@@ -215,6 +239,7 @@ struct Ranks {
   setenv("MASTER_ADDR", "127.0.0.1", 1);
   setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
   setenv("CKCHECK_RANK_WAIT_FILE", ranks.waits[r].c_str(), 1);
+  setenv("CKCHECK_RANK_STATUS_FILE", ranks.statuses[r].c_str(), 1);
   const int err = open(ranks.errs[r].c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (err >= 0) dup2(err, STDERR_FILENO);
   if (r != 0) {
@@ -230,7 +255,9 @@ struct Ranks {
   _exit(127);
 }
 
-// Reaps the ranks that ended; false when none is running any more.
+// Reaps the ranks that ended; false when none is running any more. The failure that explains the
+// run is the one that explains most: a rank that ended without ckcheck (os._exit, a kill, a crash)
+// first, then one that failed on its own, then one that lost a peer.
 bool reap(Ranks& ranks) {
   bool running = false;
   for (size_t r = 0; r < ranks.pids.size(); ++r) {
@@ -241,14 +268,29 @@ bool reap(Ranks& ranks) {
       continue;
     }
     ranks.status[r] = exit_status(st);
-    // Rank 0 exits 1 when a check fails; any rank exiting otherwise has failed.
-    if (ranks.status[r] <= 1) continue;
-    // The rank whose own error is the cause, rather than one that lost its peer: prefer the
-    // first failure that is not a broken or timed-out connection.
-    const bool peer_lost = talks_of_peer(last_line(ranks.errs[r]));
-    if (ranks.failed_rank < 0 || (talks_of_peer(last_line(ranks.errs[ranks.failed_rank])) && !peer_lost)) {
+    const auto told = told_by(ranks.statuses[r]);
+    std::string problem;
+    int priority = 2;
+    if (!told.exit) {
+      priority = 0;
+      problem = WIFSIGNALED(st)
+                    ? fmt::format("rank {} was killed by {} in {}", r, signal_words(WTERMSIG(st)), told.phase)
+                    : fmt::format("rank {} ended itself with exit status {} in {} (os._exit or sys.exit in the "
+                                  "model?), before ckcheck finished there",
+                                  r, ranks.status[r], told.phase);
+      const auto said = last_line(ranks.errs[r]);
+      if (!said.empty()) problem += ": " + said;
+    } else {
+      // Rank 0 exits 1 when a check fails; any rank exiting otherwise has failed.
+      if (ranks.status[r] <= 1) continue;
+      const auto said = last_line(ranks.errs[r]);
+      priority = talks_of_peer(said) ? 2 : 1;
+      problem = fmt::format("rank {} failed (exit status {}): {}", r, ranks.status[r], said);
+    }
+    if (priority < ranks.failed_priority) {
       ranks.failed_rank = static_cast<int>(r);
-      ranks.problem = fmt::format("rank {} failed (exit status {}): {}", r, ranks.status[r], last_line(ranks.errs[r]));
+      ranks.failed_priority = priority;
+      ranks.problem = problem;
     }
     // The others get a moment to finish or fail on their own before they count as hung.
     if (!ranks.grace) ranks.grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -271,9 +313,10 @@ void stop_hung(Ranks& ranks, bool timed_out, int timeout_s) {
       ranks.failed_rank < 0
           ? fmt::format("{} did not finish within --timeout {} s (the limit of the whole run; hung?); stopped",
                         ranks_text(hung), timeout_s)
-          : fmt::format("{} did not finish{} (hung?) and was stopped; rank {} stopped with: {}", ranks_text(hung),
-                        timed_out ? fmt::format(" within --timeout {} s", timeout_s) : std::string(),
-                        ranks.failed_rank, last_line(ranks.errs[ranks.failed_rank]));
+          : timed_out ? fmt::format("{}; {} did not finish within --timeout {} s (hung?) and {} stopped", ranks.problem,
+                                    ranks_text(hung), timeout_s, hung.size() == 1 ? "was" : "were")
+                      : fmt::format("{}; {}, still running, {} stopped", ranks.problem, ranks_text(all),
+                                    all.size() == 1 ? "was" : "were");
 }
 
 // A signal to the launcher: passed on to the ranks, which are reaped; the launcher's exit status.
@@ -291,6 +334,17 @@ int stop_on_signal(Ranks& ranks) {
 
 }  // namespace
 
+std::chrono::steady_clock::time_point run_deadline(int timeout_s) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  // A supervising ckcheck counts --timeout from the start of the whole command: its deadline, on
+  // the same monotonic clock, is this one where it comes first.
+  if (const char* given = std::getenv(kDeadlineVariable)) {
+    const auto ns = std::strtoll(given, nullptr, 10);
+    if (ns > 0) deadline = std::min(deadline, std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns)));
+  }
+  return deadline;
+}
+
 void check_batch_splits(Model& model, uint64_t seed, int world_size) {
   const auto inputs = model.make_inputs(seed);
   if (!inputs.empty() && inputs[0].dim() > 0 && inputs[0].size(0) % world_size != 0) {
@@ -304,8 +358,9 @@ int launch_ranks(int world_size, int timeout_s) {
   const auto self = rank_program();
   const int port = free_port();
   RankFolder folder;
-  char dir_template[] = "/tmp/ckcheck-ranks-XXXXXX";
-  const char* dir = mkdtemp(dir_template);
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir_template = std::string(tmp && *tmp ? tmp : "/tmp") + "/ckcheck-ranks-XXXXXX";
+  const char* dir = mkdtemp(dir_template.data());
   if (!dir) throw UsageError("cannot create a temporary folder for the ranks' error output");
   folder.dir = dir;
 
@@ -317,8 +372,10 @@ int launch_ranks(int world_size, int timeout_s) {
   for (int r = 0; r < world_size; ++r) {
     ranks.errs.push_back(fmt::format("{}/rank{}.err", dir, r));
     ranks.waits.push_back(fmt::format("{}/rank{}.wait", dir, r));
+    ranks.statuses.push_back(fmt::format("{}/rank{}.status", dir, r));
     folder.files.push_back(ranks.errs.back());
     folder.files.push_back(ranks.waits.back());
+    folder.files.push_back(ranks.statuses.back());
     const pid_t pid = fork();
     if (pid < 0) {
       stop_ranks(ranks.pids, ranks.status, SIGKILL);
@@ -328,12 +385,12 @@ int launch_ranks(int world_size, int timeout_s) {
     ranks.pids[r] = pid;
   }
 
-  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = run_deadline(timeout_s);
   for (;;) {
     if (g_signal != 0) return stop_on_signal(ranks);
     if (!reap(ranks)) break;
     const auto now = std::chrono::steady_clock::now();
-    const bool timed_out = now - start >= std::chrono::seconds(timeout_s);
+    const bool timed_out = now >= deadline;
     if (timed_out || (ranks.grace && now > *ranks.grace)) {
       stop_hung(ranks, timed_out, timeout_s);
       break;
@@ -391,13 +448,17 @@ std::unique_ptr<Collective> mark_waits(std::unique_ptr<Collective> collective) {
 void guard_rank(int rank, int world_size, int timeout_s) {
   // c10d logs connection trouble over several lines; ckcheck says what went wrong in one.
   FLAGS_caffe2_log_level = c10::GLOG_FATAL;
-  std::thread([rank, world_size, timeout_s] {
-    std::this_thread::sleep_for(std::chrono::seconds(timeout_s));
+  // Under ckcheck's launcher, which names the rank that hung at the deadline, a backstop only.
+  const char* launched = std::getenv("CKCHECK_RANK_STATUS_FILE");
+  const auto until = run_deadline(timeout_s) + std::chrono::seconds(launched && *launched ? 10 : 0);
+  std::thread([rank, world_size, timeout_s, until] {
+    std::this_thread::sleep_until(until);
     std::fprintf(stderr,
                  "ckcheck: error: rank %d of %d: the data-parallel run did not finish within --timeout %d s (the "
                  "limit of the whole run); stopped -- are all ranks started and MASTER_ADDR:MASTER_PORT reachable?\n",
                  rank, world_size, timeout_s);
     std::fflush(stderr);
+    tell_exit(2);
     _exit(2);
   }).detach();
 }

@@ -2,6 +2,7 @@
 // launcher such as torchrun started (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,6 +46,15 @@ std::optional<RankEnvironment> rank_environment();
 /// return is then 128 + the signal. Ranks die with the launcher (PR_SET_PDEATHSIG), and the
 /// folder of their error output is removed on every path.
 int launch_ranks(int world_size, int timeout_s);
+
+/// The environment variable through which a supervising ckcheck hands its --timeout deadline to the
+/// process it watches (nanoseconds on the monotonic clock), so that both count it from the start of
+/// the whole command and the launcher, which can name a hung rank, stops first.
+constexpr const char* kDeadlineVariable = "CKCHECK_DEADLINE_NS";
+
+/// The end of a run limited to `timeout_s` seconds from now, or the supervisor's deadline where that
+/// comes first.
+std::chrono::steady_clock::time_point run_deadline(int timeout_s);
 
 /// Throws UsageError when the model's batch does not split evenly over `world_size` ranks.
 void check_batch_splits(Model& model, uint64_t seed, int world_size);

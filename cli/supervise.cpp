@@ -1,5 +1,7 @@
 #include "cli/supervise.h"
 
+#include "cli/launch.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -177,12 +179,15 @@ int timeout_arg(const std::vector<std::string>& args) {
 }
 
 [[noreturn]] void become_python(const std::string& python, const std::vector<std::string>& args, pid_t parent,
-                                int status_fd) {
+                                int status_fd, std::optional<std::chrono::steady_clock::time_point> deadline) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);
   setpgid(0, 0);  // its own group: the supervisor stops it and whatever it started together
   const int fd = dup(status_fd);  // without close-on-exec: the interpreter keeps it
   setenv("CKCHECK_STATUS_FD", std::to_string(fd).c_str(), 1);
+  if (deadline) {
+    setenv(kDeadlineVariable, std::to_string(deadline->time_since_epoch().count()).c_str(), 1);
+  }
   std::vector<std::string> all = {python, "-c", kBootstrap};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -199,16 +204,31 @@ std::string signal_text(int signo) {
   return fmt::format("signal {} (SIG{}: {})", signo, name ? name : "?", strsignal(signo));
 }
 
-// Stops the child's whole group: SIGTERM, then SIGKILL after `grace`.
-void stop_group(pid_t pid, std::chrono::milliseconds grace) {
-  kill(-pid, SIGTERM);
-  const auto until = std::chrono::steady_clock::now() + grace;
-  while (std::chrono::steady_clock::now() < until) {
-    if (waitpid(pid, nullptr, WNOHANG) == pid) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+// --world-size's value among the arguments (1: none given).
+int world_size_arg(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (args[i] == "--world-size" && i + 1 < args.size()) v = args[i + 1];
+    if (args[i].rfind("--world-size=", 0) == 0) v = args[i].substr(13);
+    if (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 4) return std::atoi(v.c_str());
   }
-  kill(-pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
+  return 1;
+}
+
+// Sends `signo` to the child's group and gives it `grace` to end; then kills what is left. The exit
+// status the child told when it ended through ckcheck (it said what happened itself), else none.
+std::optional<int> stop_child(pid_t pid, int signo, std::chrono::milliseconds grace, int status_fd, ChildStatus& status) {
+  kill(-pid, signo);
+  const auto until = std::chrono::steady_clock::now() + grace;
+  bool ended = false;
+  while (!ended && std::chrono::steady_clock::now() < until) {
+    ended = waitpid(pid, nullptr, WNOHANG) == pid;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  drain(status_fd, status);
+  kill(-pid, SIGKILL);  // nothing it started outlives it
+  if (!ended) waitpid(pid, nullptr, 0);
+  return ended ? status.exit_code : std::nullopt;
 }
 
 int fail(const std::string& message) {
@@ -230,6 +250,12 @@ int judge_child(const std::string& python, int wait_status, const ChildStatus& s
                             "and the ckcheck package", python, how));
   }
   if (WIFSIGNALED(wait_status)) {
+    const int signo = WTERMSIG(wait_status);
+    if (signo == SIGINT || signo == SIGTERM || signo == SIGHUP) {
+      // Stopped as asked (the signal reached the model's process): a stop, not a crash.
+      std::cerr << fmt::format("ckcheck: error: stopped by {} in {}; no report was written\n", signal_text(signo), s.phase);
+      return 128 + signo;
+    }
     return fail(fmt::format("the model's process {} in {}; no report was written", how, s.phase));
   }
   return fail(fmt::format("the model exited the process itself with status {} in {} (os._exit or sys.exit in "
@@ -247,17 +273,22 @@ int run_python_child(const std::string& python, const std::vector<std::string>& 
   sigemptyset(&sa.sa_mask);
   const int signals[] = {SIGINT, SIGTERM, SIGHUP};
   for (int i = 0; i < 3; ++i) sigaction(signals[i], &sa, &old[i]);
+  ChildStatus status;
+  const int timeout = timeout_arg(args);
+  // --timeout counts from the start of the whole command (the child's interpreter start included).
+  // One process: kept here, naming the phase the child last told. A launcher of ranks (--world-size)
+  // keeps the same deadline itself, so that it can name the rank that hung and clean up: here only a
+  // backstop after it.
+  const auto start = std::chrono::steady_clock::now();
+  const bool launches_ranks = world_size_arg(args) > 1 && std::getenv("RANK") == nullptr;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (timeout > 0) deadline = start + std::chrono::seconds(timeout);
   const pid_t pid = fork();
   if (pid < 0) return fail("cannot start the Python model's process: fork failed");
-  if (pid == 0) become_python(python, args, parent, pipe_fds[1]);
+  if (pid == 0) become_python(python, args, parent, pipe_fds[1], deadline);
   close(pipe_fds[1]);
   setpgid(pid, pid);
   fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK);
-  ChildStatus status;
-  const int timeout = timeout_arg(args);
-  // --timeout is kept here, from the start of the whole command (the child's interpreter start
-  // included), naming the phase the child last told.
-  const auto start = std::chrono::steady_clock::now();
   int result = 0;
   for (;;) {
     pollfd p{pipe_fds[0], POLLIN, 0};
@@ -271,19 +302,29 @@ int run_python_child(const std::string& python, const std::vector<std::string>& 
       break;
     }
     if (g_child_signal != 0) {
+      // The same signal to the child, which stops its ranks, cleans up and says so in one line;
+      // only a child that does not is stopped here, with the line said here.
       const int signo = g_child_signal;
-      stop_group(pid, std::chrono::milliseconds(500));
-      std::cerr << fmt::format("ckcheck: error: stopped by {} in {}; no report was written\n", strsignal(signo),
-                               status.phase);
-      result = 128 + signo;
+      if (const auto told = stop_child(pid, signo, std::chrono::seconds(5), pipe_fds[0], status)) {
+        result = *told;
+      } else {
+        std::cerr << fmt::format("ckcheck: error: stopped by {} in {}; no report was written\n", signal_text(signo),
+                                 status.phase);
+        result = 128 + signo;
+      }
       break;
     }
-    // Reports begun are finished (all or none), within a few seconds more.
-    const auto limit = std::chrono::seconds(status.phase == "writing the reports" ? timeout + 10 : timeout);
-    if (timeout > 0 && std::chrono::steady_clock::now() - start > limit) {
-      stop_group(pid, std::chrono::milliseconds(200));
-      result = fail(fmt::format("the run did not finish within --timeout {} s (it was in {}); stopped, no report "
-                                "was written", timeout, status.phase));
+    // Reports begun are finished (all or none), within a few seconds more; a launcher of ranks is
+    // given time to stop its own at the deadline first.
+    const int margin = status.phase == "writing the reports" ? 10 : launches_ranks ? 15 : 0;
+    if (timeout > 0 && std::chrono::steady_clock::now() - start > std::chrono::seconds(timeout + margin)) {
+      if (const auto told = stop_child(pid, SIGTERM, std::chrono::seconds(launches_ranks ? 5 : 0), pipe_fds[0], status);
+          told && launches_ranks) {
+        result = *told;
+      } else {
+        result = fail(fmt::format("the run did not finish within --timeout {} s (it was in {}); stopped, no report "
+                                  "was written", timeout, status.phase));
+      }
       break;
     }
   }

@@ -58,7 +58,19 @@ std::string one_line(const py::error_already_set& e) {
   const auto cut = message.find('\n');
   // With --verbose the Python side appends the traceback: kept for the error line to show.
   if (cut != std::string::npos && !std::getenv("CKCHECK_VERBOSE")) message = message.substr(0, cut);
-  return type == "UsageError" ? message : type + ": " + message;
+  return type == "UsageError" || type == "SetupError" ? message : type + ": " + message;
+}
+
+// A message for a Python caller without pybind11's "At:" traceback of ckcheck's own files (kept
+// under CKCHECK_VERBOSE).
+std::string one_line_of(std::string message) {
+  if (std::getenv("CKCHECK_VERBOSE")) return message;
+  for (const char* trailer : {"\n\nAt:\n", "\nAt:\n"}) {
+    const auto cut = message.find(trailer);
+    if (cut != std::string::npos) message = message.substr(0, cut);
+  }
+  while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
+  return message;
 }
 
 // The GIL, for a call from the C++ core into Python. An error that autograd left set (its Python
@@ -211,8 +223,15 @@ class PythonModel : public Model, public ParallelEngine {
       return runner.call(site, f, xs);
     });
     const auto budget = runner.compiler_budget();
-    return call<std::vector<Tensor>>("forward", inputs, call_site, runner.checkpointing(), runner.checkpointed_sites(),
-                                     budget ? py::cast(*budget) : py::none(), runner.sac_save());
+    try {
+      return call<std::vector<Tensor>>("forward", inputs, call_site, runner.checkpointing(),
+                                       runner.checkpointed_sites(), budget ? py::cast(*budget) : py::none(),
+                                       runner.sac_save());
+    } catch (py::error_already_set& e) {
+      // What the factory handed over, failing as the step runs (its loss raised): bad input.
+      if (e.matches(py::module_::import("ckcheck._model").attr("SetupError"))) throw SetupError(one_line(e));
+      throw;
+    }
   }
 
   std::optional<CompiledSteps> compiled_steps() const override {
@@ -671,7 +690,7 @@ std::string keyword_of_field(const std::string& field) { return cli::keyword_of_
 
 [[noreturn]] void raise_usage_error(const std::string& message, const std::string& field) {
   py::object cls = py::module_::import("ckcheck._model").attr("UsageError");
-  py::object error = cls(message);
+  py::object error = cls(one_line_of(message));
   error.attr("field") = field.empty() ? py::none() : py::cast(field);
   PyErr_SetObject(cls.ptr(), error.ptr());
   throw py::error_already_set();
@@ -685,6 +704,10 @@ auto python_errors(F&& work) -> decltype(work()) {
     return work();
   } catch (py::error_already_set&) {
     throw;
+  } catch (const Interrupted&) {
+    // Ctrl-C reached the model's Python code: the caller gets its KeyboardInterrupt, at once.
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
   } catch (const FieldError& e) {
     raise_usage_error(e.render(keyword_of_field), keyword_of_field(e.field()));
   } catch (const c10::Error& e) {

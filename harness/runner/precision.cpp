@@ -113,6 +113,9 @@ PrecisionRerun Runner::rerun_in_float64(const Plan& plan) {
       reference = runner.run(nullptr, plain, "float64 reference");
       checkpointed = runner.run(&plan, plain, "float64 checkpointed");
     }
+    for (const auto* step : {&reference, &checkpointed}) {
+      if (is_interruption(std::runtime_error(step->error))) throw Interrupted();
+    }
     if (!reference.error.empty() || !checkpointed.error.empty()) {
       rerun.error = fmt::format("the {} step failed in float64: {}", reference.error.empty() ? "checkpointed" : "plain",
                                 first_line(reference.error.empty() ? checkpointed.error : reference.error));
@@ -120,6 +123,8 @@ PrecisionRerun Runner::rerun_in_float64(const Plan& plan) {
       rerun.diffs = differences(reference, checkpointed);
     }
   } catch (const std::exception& e) {
+    model_.restore(start_);
+    rethrow_stops(e);
     rerun.error = fmt::format("the model could not be converted to float64: {}", first_line(e.what()));
   }
   model_.restore(start_);

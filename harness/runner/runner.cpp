@@ -783,8 +783,9 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
       if (step < config_.steps) sgd_update(params, lr);
     }
   } catch (const std::exception& e) {
-    record.error = message_of(e);
     observer->flush();
+    rethrow_stops(e);
+    record.error = message_of(e);
   }
   if (plant) {
     plant->set_backward(false);
@@ -913,6 +914,7 @@ Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t step
     m.error = "out of memory: " + message_of(e);
     release_cached_memory(config_.device);
   } catch (const std::exception& e) {
+    rethrow_stops(e);
     m.error = message_of(e);
   }
   for (const auto& [name, p] : model_.named_parameters()) p.mutable_grad() = Tensor();
@@ -1113,6 +1115,7 @@ class ProbeSiteRunner : public UnitSiteRunner {
       try {
         b = once(fn, inputs, nullptr, nullptr);
       } catch (const std::exception& e) {
+        rethrow_stops(e);
         p.repeat_error = message_of(e);
       }
       auto [repeat_eq, d1] = p.repeat_error.empty() ? same(a, b) : std::pair<bool, double>{false, 0.0};
@@ -1143,7 +1146,8 @@ class ProbeSiteRunner : public UnitSiteRunner {
         try {
           torch::AutoGradMode grad(true);
           g = once(fn, inputs, nullptr, nullptr, /*requiring_grad=*/true);
-        } catch (const std::exception&) {
+        } catch (const std::exception& e) {
+          rethrow_stops(e);
           g.clear();  // a unit that cannot run so (an in-place op on its input) shows nothing here
         }
         if (!g.empty()) {
@@ -1157,6 +1161,7 @@ class ProbeSiteRunner : public UnitSiteRunner {
       }
       if (repeat_eq && !p.restart_equal) p.repeat_equal = false;
     } catch (const std::exception& e) {
+      rethrow_stops(e);
       p.error = message_of(e);
     }
     out_.push_back(p);
@@ -1186,6 +1191,7 @@ std::vector<UnitProbe> Runner::probe(const Plan& plan, bool no_grad, const std::
     ProbeSiteRunner sites(plan, model_, out, 1, only);
     forward_under(autocast, model_, inputs, sites);
   } catch (const std::exception& e) {
+    rethrow_stops(e);
     UnitProbe p;
     p.site = "(forward)";
     p.error = message_of(e);

@@ -31,4 +31,27 @@ class FieldError : public UsageError {
   std::string text_;
 };
 
+/// A problem in what the user handed ckcheck that shows only once a step runs -- a factory's loss
+/// that raises, an engine option of the wrong type: bad input (exit 2), not a step that fails to
+/// compare. The Runner lets it through where it keeps a step's own error.
+class SetupError : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
+/// The run was interrupted (a SIGINT or Ctrl-C reached the model's Python code): nothing is judged,
+/// no report is written. The Runner lets it through.
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted() : std::runtime_error("interrupted (SIGINT)") {}
+};
+
+/// Whether `e` is, or carries, an interruption: Interrupted, or a Python KeyboardInterrupt that
+/// crossed into C++ (pybind11 and torch's autograd engine render it "KeyboardInterrupt: ...").
+bool is_interruption(const std::exception& e);
+
+/// In a catch that keeps a step's error: throws Interrupted for an interruption and rethrows a
+/// SetupError; returns for every other error.
+void rethrow_stops(const std::exception& e);
+
 }  // namespace ckcheck

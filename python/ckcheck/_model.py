@@ -43,6 +43,22 @@ class UsageError(Exception):
     field = None
 
 
+class SetupError(UsageError):
+    """A problem in what the factory handed ckcheck that shows only once a step runs (its loss
+    raises): bad input, not a model that fails to train. The runner stops with it (exit 2)."""
+
+
+def _apply_loss(loss, out):
+    """loss(out), a SetupError naming the loss where it raises."""
+    try:
+        return loss(out)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:
+        raise SetupError(_failure("the factory's loss raised", e, sep=" ") +
+                         " (loss(output) takes what the model returns and gives the tensor(s) to differentiate)") from e
+
+
 # ---------------------------------------------------------------------------------------------
 # The model's own checkpoint calls
 #
@@ -1089,7 +1105,7 @@ class ModelAdapter:
                 out = self._run_plain()
                 if not self._units_seen:  # no tapped checkpoint: the recompute shows the units
                     ts = []
-                    _float_tensors(self.loss(out) if self.loss else out, ts, set())
+                    _float_tensors(_apply_loss(self.loss, out) if self.loss else out, ts, set())
                     ts = [t for t in ts if t.requires_grad]
                     if ts:
                         torch.autograd.backward([t.sum() for t in ts])
@@ -1193,7 +1209,7 @@ class ModelAdapter:
             # the runner; `sites` says which the runner checkpoints, `budget` a budget:F policy's F.
             out = self._compiler.run(self._compiler.variant(checkpointing, sites, budget), a, k)
             if self.loss is not None:
-                out = self.loss(out)
+                out = _apply_loss(self.loss, out)
             return self._outputs(out)
         own = self.checkpoint == "model"
         if own:
@@ -1213,7 +1229,7 @@ class ModelAdapter:
                 taps = self._taps
                 out = (self._engine or self.module)(*a, **k)
                 if self.loss is not None:
-                    out = self.loss(out)
+                    out = _apply_loss(self.loss, out)
             if own and checkpointing and self._taps == taps and getattr(self._engine, "sharded", None) is not None \
                     and self._engine.on:
                 # The engine's copy must checkpoint as the module does, or the step compared is plain.

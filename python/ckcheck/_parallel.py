@@ -26,6 +26,10 @@ DDP_OPTIONS = ("find_unused_parameters", "static_graph", "broadcast_buffers", "b
                "gradient_as_bucket_view", "output_device", "device_ids", "init_sync")
 
 
+# The types each DistributedDataParallel option takes (checked before any rank starts).
+DDP_TYPES = {"find_unused_parameters": bool, "static_graph": bool, "broadcast_buffers": bool,
+             "bucket_cap_mb": (int, float), "gradient_as_bucket_view": bool, "init_sync": bool}
+
 # The options of fully_shard a factory may set (its 'fsdp' dict), and 'modules': the module paths
 # sharded before the root (default: the model's blocks).
 FSDP_OPTIONS = ("reshard_after_forward", "modules")
@@ -49,13 +53,28 @@ def check_options(key, options, known, what):
 
 
 def check_ddp_options(options):
-    return check_options("ddp", options, DDP_OPTIONS, "DistributedDataParallel")
+    from ckcheck._model import UsageError
+
+    options = check_options("ddp", options, DDP_OPTIONS, "DistributedDataParallel")
+    for key, kind in DDP_TYPES.items():
+        if key not in options:
+            continue
+        value = options[key]
+        wrong = isinstance(value, bool) and kind is not bool or not isinstance(value, kind)
+        if wrong or (key == "bucket_cap_mb" and not value > 0):
+            expected = "True or False" if kind is bool else "a positive number"
+            raise UsageError(f"the factory's ddp option {key} takes {expected}, not {type(value).__name__} {value!r}")
+    return options
 
 
 def check_fsdp_options(options):
     from ckcheck._model import UsageError
 
     options = check_options("fsdp", options, FSDP_OPTIONS, "fully_shard")
+    reshard = options.get("reshard_after_forward", True)
+    if not isinstance(reshard, (bool, int)) or (not isinstance(reshard, bool) and reshard < 1):
+        raise UsageError(f"the factory's fsdp option reshard_after_forward takes True, False or a positive whole "
+                         f"number, not {type(reshard).__name__} {reshard!r}")
     modules = options.get("modules")
     if modules is not None and (isinstance(modules, str) or not all(isinstance(m, str) for m in modules)):
         raise UsageError("the factory's fsdp 'modules' must be a list of module paths, as ['layers.0', 'layers.1']")

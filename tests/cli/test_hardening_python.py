@@ -92,7 +92,7 @@ def test_timeout_stops_a_python_model_naming_the_phase(tmp_path, where, body, ho
 
 
 def test_timeout_of_a_cpp_model_in_one_process(tmp_path):
-    p = ckcheck("run", "--model", "transformer", "--layers", "8", "--hidden", "256", "--seq", "256", "--timeout", "1",
+    p = ckcheck("run", "--model", "transformer", "--layers", "16", "--hidden", "512", "--seq", "512", "--timeout", "1",
                 cwd=tmp_path)
     assert p.returncode == 2 and "--timeout 1 s" in one_line(p)
     assert p.took < 1 + 5

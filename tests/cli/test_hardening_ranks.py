@@ -14,9 +14,12 @@ collected 0 items
 ============================ no tests ran in 1.92s ============================= with CKCHECK_BIN set runs it by
 hand.
 """
+import atexit
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -25,13 +28,20 @@ BIN = os.environ.get("CKCHECK_BIN", "")
 pytestmark = pytest.mark.skipif(not os.access(BIN, os.X_OK), reason="CKCHECK_BIN is not set to the ckcheck program")
 
 
+# The launcher makes its ranks' folder in TMPDIR: this file's runs get one of their own, so that
+# another ckcheck on the machine leaves no folder these tests would count.
+TMP = tempfile.mkdtemp(prefix="ckcheck-hardening-ranks-")
+atexit.register(shutil.rmtree, TMP, True)
+ENV = dict(os.environ, NO_COLOR="1", TMPDIR=TMP)
+
+
 def ckcheck(*args, cwd=None, **kw):
-    return subprocess.run([BIN, *args], cwd=cwd, capture_output=True, env=dict(os.environ, NO_COLOR="1"), **kw)
+    return subprocess.run([BIN, *args], cwd=cwd, capture_output=True, env=ENV, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
 def rank_folders():
-    return {f for f in os.listdir("/tmp") if f.startswith("ckcheck-ranks-")}
+    return {f for f in os.listdir(TMP) if f.startswith("ckcheck-ranks-")}
 
 
 def children_of(pid):
@@ -73,7 +83,7 @@ def test_lone_rank_under_torchrun_variables_stops_at_the_timeout(tmp_path):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NO_COLOR="1")
+    env = dict(ENV, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     start = time.monotonic()
     p = subprocess.run([BIN, "run", "--model", "mlp", "--timeout", "4"], cwd=tmp_path, env=env, capture_output=True, timeout=60)
     took = time.monotonic() - start
@@ -86,7 +96,7 @@ def test_lone_rank_under_torchrun_variables_stops_at_the_timeout(tmp_path):
 def start_hung_run(folder, *extra):
     """A two-rank run whose rank 1 hangs, once both ranks have started."""
     p = subprocess.Popen([BIN, "run", "--model", "faulty/rank-fault", "--world-size", "2", "--timeout", "60", *extra],
-                         cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                         cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
     deadline = time.monotonic() + 30
     ranks = []
     while time.monotonic() < deadline and len(ranks) < 2:
@@ -123,7 +133,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path):
     assert not [r for r in ranks if alive(r)]
     # SIGKILL leaves the launcher no chance to clean up; remove what it left.
     for f in rank_folders() - before:
-        subprocess.run(["rm", "-rf", os.path.join("/tmp", f)])
+        subprocess.run(["rm", "-rf", os.path.join(TMP, f)])
 
 
 def test_failed_and_passing_runs_leave_no_rank_folder(tmp_path):

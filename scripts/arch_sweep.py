@@ -34,7 +34,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The CI subset: text, vision, audio, MoE, encoder-decoder, and timm families.
 CI_SUBSET = ["hf:gpt2", "hf:llama", "hf:bert", "hf:bart", "hf:t5", "hf:mixtral", "hf:vit", "hf:wav2vec2",
              "hf:qwen2_moe", "hf:mistral", "timm:vit_tiny_patch16_224", "timm:resnet18",
-             "hf:qwen2_moe+router_logits", "hf:switch_transformers+labels", "hf:t5+labels"]
+             "hf:qwen2_moe+router_logits", "hf:olmoe+router_logits", "hf:jamba+router_logits",
+             "hf:switch_transformers+labels", "hf:t5+labels"]
 
 MODES = ["model", "torch", "torch-reentrant"]
 SWITCH_MODES = ["model", "model-reentrant"]

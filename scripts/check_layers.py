@@ -6,9 +6,11 @@ library names fields, @sites in a FieldError; the command line maps them to its 
     support -> checkpoint -> model -> runner -> checks -> analyses -> reports -> testing -> cli
 
 Fixtures (the built-in and planted-fault models) sit on the model layer and are seen only by the
-command line, the Python package, the benchmarks and the tests. Prints one line per violation and
+command line, the Python package, the benchmarks and the tests. The Python package (python/ckcheck)
+has no import cycle, counting imports inside functions too. Prints one line per violation and
 exits 1 when there is any (run by CTest as layers.no_back_edges). An argument names another tree
 to scan (the test of this script plants a back-edge in one)."""
+import ast
 import pathlib
 import re
 import sys
@@ -103,6 +105,60 @@ def violations(root):
                 yield f"{rel}:{number}: a library error names a flag; throw FieldError naming the field (@name)"
 
 
+def python_imports(package):
+    """{module: the package's modules it imports}, from every import statement of each module
+    (inside functions too); `from ckcheck import name` of a name that is no module is the package's
+    __init__."""
+    modules = {f.stem for f in package.glob("*.py")}
+    graph = {}
+    for file in sorted(package.glob("*.py")):
+        edges = set()
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name == "ckcheck" or a.name.startswith("ckcheck.")]
+                edges.update(n.split(".")[1] if "." in n else "__init__" for n in names)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("ckcheck", "") and \
+                    (node.level > 0 or node.module):
+                parts = (node.module or "").split(".")
+                if len(parts) > 1 or (node.level and parts[0]):
+                    edges.add(parts[-1])
+                else:
+                    edges.update(a.name if a.name in modules else "__init__" for a in node.names)
+        graph[file.stem] = {e for e in edges if e in modules and e != file.stem}
+    return graph
+
+
+def python_cycles(root):
+    """One line per import cycle of the Python package: its modules, each importing the next."""
+    package = root / "python" / "ckcheck"
+    if not package.is_dir():
+        return
+    graph = python_imports(package)
+    reported = set()
+    for start in sorted(graph):
+        path = _cycle_from(graph, start)
+        if path and frozenset(path) not in reported:
+            reported.add(frozenset(path))
+            yield (f"python/ckcheck/{start}.py: import cycle " + " -> ".join(path + [start]) +
+                   "; move what both need into a module that imports neither")
+
+
+def _cycle_from(graph, start):
+    """The shortest chain of imports from `start` back to itself, or None."""
+    frontier, seen = [[start]], {start}
+    while frontier:
+        following = []
+        for path in frontier:
+            for nxt in sorted(graph[path[-1]]):
+                if nxt == start:
+                    return path
+                if nxt not in seen:
+                    seen.add(nxt)
+                    following.append(path + [nxt])
+        frontier = following
+    return None
+
+
 def self_test():
     """The negative control: a tree with one back-edge of each kind must give exactly those."""
     import tempfile
@@ -116,12 +172,17 @@ def self_test():
                    "harness/model/w.cpp": 'void h() {\n  throw UsageError(fmt::format("bad {}; "\n  "give --sites", 1));\n}\n',
                    "cli/ok.cpp": 'void k() { throw UsageError("--sites matches nothing"); }\n',
                    # a folder back-edge from a file of no known stage: harness/ includes checks/
-                   "harness/extra/v.cpp": '#include "checks/check.h"\n'}
+                   "harness/extra/v.cpp": '#include "checks/check.h"\n',
+                   # an import cycle through a function-level import, beside a module that is fine
+                   "python/ckcheck/_a.py": "from ckcheck import _b\n",
+                   "python/ckcheck/_b.py": "def f():\n    from ckcheck._a import x\n",
+                   "python/ckcheck/_c.py": "from ckcheck import _a, name_of_init\n"}
         for name, text in planted.items():
             (root / name).parent.mkdir(parents=True, exist_ok=True)
             (root / name).write_text(text)
-        found = sorted(line.split(":")[0] for line in violations(root))
-    expected = ["checks/x.cpp", "checks/y.cpp", "fixtures/z.cpp", "harness/extra/v.cpp", "harness/model/w.cpp"]
+        found = sorted(line.split(":")[0] for line in [*violations(root), *python_cycles(root)])
+    expected = ["checks/x.cpp", "checks/y.cpp", "fixtures/z.cpp", "harness/extra/v.cpp", "harness/model/w.cpp",
+                "python/ckcheck/_a.py"]
     print("planted back-edges found:" if found == expected else f"expected {expected}, found", found)
     return 0 if found == expected else 1
 
@@ -130,14 +191,15 @@ def main():
     if sys.argv[1:] == ["--self-test"]:
         return self_test()
     root = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT
-    found = list(violations(root))
+    found = [*violations(root), *python_cycles(root)]
     for line in found:
         print(line)
     if found:
         print(f"{len(found)} back-edge(s); move the code down the flow or the include up it", file=sys.stderr)
         return 1
     print("no back-edges: support -> checkpoint -> model -> runner -> checks -> analyses -> reports -> testing -> cli, "
-          "and no folder includes a later one: " + " -> ".join(f"{f}/" for f in FOLDERS))
+          "and no folder includes a later one: " + " -> ".join(f"{f}/" for f in FOLDERS) +
+          "; the Python package has no import cycle")
     return 0
 
 

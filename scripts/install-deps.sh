@@ -60,11 +60,11 @@ case $torch in
   2.13.0) vision=$("$py" scripts/local_wheel.py --print torchvision '0.28.0+cpu' || true) ;;
   *) echo "install-deps: CKCHECK_TORCH=$torch is not a tested version (2.13.0 or 2.14.1)" >&2; exit 2 ;;
 esac
-want=("torch==$torch" pytest numpy jsonschema)
+want=("torch==$torch" pytest numpy jsonschema lizard)
 pins=(-c scripts/constraints.txt)
 [[ -n $vision ]] && want+=("torchvision==$vision")
 have=$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)
-if [[ $have != "$torch" ]] || ! "$py" -c 'import pytest, numpy, jsonschema' 2>/dev/null \
+if [[ $have != "$torch" ]] || ! "$py" -c 'import pytest, numpy, jsonschema, lizard' 2>/dev/null \
    || { [[ -n $vision ]] && ! "$py" -c 'import torchvision' 2>/dev/null; }; then
   echo "install-deps: pip installing ${want[*]} into $venv"
   "$py" -m pip install -q --disable-pip-version-check "${pins[@]}" "${want[@]}" 2>&1 | grep -v "^WARNING: Location" || true

@@ -24,7 +24,7 @@ import types
 
 import torch
 
-from ckcheck import _model
+from ckcheck import _base
 
 # The relative difference, against the tensor's largest magnitude, within which the compiled plain
 # step counts as the eager one's math (fp32). Measured on this project's models (docs/compile.md):
@@ -302,7 +302,7 @@ class Compiler:
         """One step of a variant from the start state, put back after: compiles it."""
         start = self.adapter.snapshot()
         try:
-            _model.one_step(self.adapter, lambda args, kwargs: self.run(key, args, kwargs), inputs)
+            _base.one_step(self.adapter, lambda args, kwargs: self.run(key, args, kwargs), inputs)
         finally:
             self.adapter.restore(start)
             self._set_up(("plain",))
@@ -319,7 +319,7 @@ class Compiler:
         try:
             for forward in steps.values():
                 adapter.restore(start)
-                outputs, drew = _model.one_step(self.adapter, forward, inputs)
+                outputs, drew = _base.one_step(self.adapter, forward, inputs)
                 tensors = [(f"output {i}", t.detach().clone()) for i, t in enumerate(outputs)]
                 tensors += [(n, p.grad.detach().clone()) for n, p in adapter.module.named_parameters() if p.grad is not None]
                 results.append((tensors, drew))
@@ -338,7 +338,7 @@ class Compiler:
         for (name, a), (_, b) in zip(eager, compiled):
             if a.shape != b.shape or not (a.is_floating_point() and b.is_floating_point()):
                 continue
-            rel = _model.relative_difference(a, b)
+            rel = _base.relative_difference(a, b)
             if rel > worst or worst_name == "":
                 worst, worst_name = rel, name
         self.eager.update(compared=True, max_rel=worst, worst=worst_name)

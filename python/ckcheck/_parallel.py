@@ -21,6 +21,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from ckcheck._base import UsageError, _failure
+
 # The options of DistributedDataParallel a factory may set (its 'ddp' dict).
 DDP_OPTIONS = ("find_unused_parameters", "static_graph", "broadcast_buffers", "bucket_cap_mb",
                "gradient_as_bucket_view", "output_device", "device_ids", "init_sync")
@@ -40,8 +42,6 @@ MIXED_PRECISION = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def check_options(key, options, known, what):
     """The factory's `key` dict of `what` options, checked: a UsageError names an unknown key."""
-    from ckcheck._model import UsageError
-
     if options is None:
         return {}
     if not isinstance(options, dict):
@@ -53,8 +53,6 @@ def check_options(key, options, known, what):
 
 
 def check_ddp_options(options):
-    from ckcheck._model import UsageError
-
     options = check_options("ddp", options, DDP_OPTIONS, "DistributedDataParallel")
     for key, kind in DDP_TYPES.items():
         if key not in options:
@@ -68,8 +66,6 @@ def check_ddp_options(options):
 
 
 def check_fsdp_options(options):
-    from ckcheck._model import UsageError
-
     options = check_options("fsdp", options, FSDP_OPTIONS, "fully_shard")
     reshard = options.get("reshard_after_forward", True)
     if not isinstance(reshard, (bool, int)) or (not isinstance(reshard, bool) and reshard < 1):
@@ -237,8 +233,6 @@ class FsdpEngine:
     def _build(self):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from ckcheck._model import UsageError
-
         twin = self.adapter.twin_module()
         policy = (MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=torch.float32)
                   if self.param_dtype is not None else MixedPrecisionPolicy())
@@ -267,8 +261,6 @@ class FsdpEngine:
     def prepare(self):
         """Shards the copy now, when the model is loaded: what fully_shard refuses (a 0-dim
         parameter) is a usage error naming the model, not a failed step."""
-        from ckcheck._model import UsageError, _failure
-
         try:
             self._build()
         except UsageError:

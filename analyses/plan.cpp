@@ -269,47 +269,81 @@ const PolicyBench* measured_plan(const MemoryPlan& plan, const std::string& poli
   return nullptr;
 }
 
-MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site_globs, const PlanOptions& options) {
-  auto& model = runner.model();
-  MemoryPlan out;
-  out.memory_budget_bytes = options.memory_budget_bytes;
-  out.solver =
-      "exact dynamic program over the sites in forward order, keeping per prefix the (bytes freed, time added) pairs "
-      "no other beats on both: O(n*F) for n sites and a front of F pairs";
-  const auto candidates = Plan::make(model, site_globs, Policy::parse("every:1")).candidates;
-  out.profile = profile_sites(runner, candidates, options.profile_warmup, options.profile_steps);
-  if (!out.profile.error.empty()) {
-    throw UsageError("the model's plain training step fails, so it cannot be profiled: " + out.profile.error);
+namespace {
+
+std::string budget_text(const PlanOptions& o) { return format_bytes(static_cast<double>(o.memory_budget_bytes)); }
+
+// The search for a plan: solve for the budget, check the plan, set aside the sites its findings
+// name and solve again, until one passes; then measure every plan so far against none and accept
+// the passing one whose measured peak fits (or solve again for a budget smaller by the excess).
+class Planner {
+ public:
+  Planner(Runner& runner, const std::vector<std::string>& site_globs, const PlanOptions& options)
+      : runner_(runner), model_(runner.model()), globs_(site_globs), options_(options) {}
+
+  MemoryPlan plan() {
+    out_.memory_budget_bytes = options_.memory_budget_bytes;
+    profile();
+    budget_ = options_.memory_budget_bytes - out_.profile.baseline_bytes;
+    if (budget_ < 0) {
+      out_.reason = fmt::format("no plan fits in {}: parameters, gradients and inputs alone take {}", budget_text(options_),
+                                format_bytes(static_cast<double>(out_.profile.baseline_bytes)));
+      return std::move(out_);
+    }
+    for (int64_t round = 0; round < 3; ++round) {
+      solve_and_check();
+      if (!accepted_ || measure_round()) break;
+    }
+    conclude();
+    out_.measured.recommendation = out_.recommendation;
+    out_.measured.reason = out_.reason;
+    return std::move(out_);
   }
-  // Selective plans, where the checkpoint under test takes an op-level policy.
-  if (!model.selective_problem({"aten.mm"}).empty()) {
-    out.profile.op_classes_note =
-        "no selective (sac:OPS) plans: they need torch.utils.checkpoint's non-reentrant checkpoint on a Python model trained eagerly";
-  } else {
-    profile_op_classes(runner, out.profile, options.profile_warmup, options.profile_steps);
-    if (!out.profile.op_classes.empty()) {
-      out.solver += fmt::format("; selective plans (sac:OPS@SITES): exhaustive over the subsets of the {} op "
-                                "classes that take most time, the same program over the sites for each: O(2^K*n*F)",
-                                std::min(kSacClasses, out.profile.op_classes.size()));
+
+ private:
+  Runner& runner_;
+  Model& model_;
+  const std::vector<std::string>& globs_;
+  const PlanOptions& options_;
+  MemoryPlan out_;
+  int64_t budget_ = 0;
+  std::set<size_t> excluded_;
+  std::set<std::string> sac_failed_;  // selective plans that failed their checks
+  std::map<std::string, std::pair<std::string, std::vector<std::string>>> known_;
+  int64_t margin_ = 0;  // taken off the budget after a plan measured over it
+  std::optional<size_t> accepted_;
+  // A selective plan's op-level policy runs in Python around every op, a cost no profile of the
+  // ops shows: the module plan it was preferred to is verified and measured beside it.
+  std::optional<size_t> rival_;
+  bool rival_fits_alone_ = false;  // the module plan fits when measured, its selective rival does not
+
+  void profile() {
+    out_.solver =
+        "exact dynamic program over the sites in forward order, keeping per prefix the (bytes freed, time added) pairs "
+        "no other beats on both: O(n*F) for n sites and a front of F pairs";
+    const auto candidates = Plan::make(model_, globs_, Policy::parse("every:1")).candidates;
+    out_.profile = profile_sites(runner_, candidates, options_.profile_warmup, options_.profile_steps);
+    if (!out_.profile.error.empty()) {
+      throw UsageError("the model's plain training step fails, so it cannot be profiled: " + out_.profile.error);
+    }
+    // Selective plans, where the checkpoint under test takes an op-level policy.
+    if (!model_.selective_problem({"aten.mm"}).empty()) {
+      out_.profile.op_classes_note = "no selective (sac:OPS) plans: they need torch.utils.checkpoint's non-reentrant "
+                                     "checkpoint on a Python model trained eagerly";
+      return;
+    }
+    profile_op_classes(runner_, out_.profile, options_.profile_warmup, options_.profile_steps);
+    if (!out_.profile.op_classes.empty()) {
+      out_.solver += fmt::format("; selective plans (sac:OPS@SITES): exhaustive over the subsets of the {} op "
+                                 "classes that take most time, the same program over the sites for each: O(2^K*n*F)",
+                                 std::min(kSacClasses, out_.profile.op_classes.size()));
     }
   }
-  const auto& prof = out.profile;
-  const int64_t budget = options.memory_budget_bytes - prof.baseline_bytes;
-  if (budget < 0) {
-    out.reason = fmt::format("no plan fits in {}: parameters, gradients and inputs alone take {}",
-                             format_bytes(static_cast<double>(options.memory_budget_bytes)),
-                             format_bytes(static_cast<double>(prof.baseline_bytes)));
-    return out;
-  }
-  std::set<size_t> excluded;
-  std::set<std::string> sac_failed;  // selective plans that failed their checks
-  std::map<std::string, std::pair<std::string, std::vector<std::string>>> known;
-  int64_t margin = 0;  // taken off the budget after a plan measured over it
-  std::optional<size_t> accepted;
+
   // Runs the checks on a plan; the sites the failing checks name.
-  auto verify = [&](PlanAttempt& a) {
-    const auto plan = Plan::make(model, site_globs, Policy::parse(a.policy));
-    const auto outcome = run_checks(runner, plan, options.bench.tolerance, select_checks({}));
+  std::set<std::string> verify(PlanAttempt& a) {
+    const auto plan = Plan::make(model_, globs_, Policy::parse(a.policy));
+    const auto outcome = run_checks(runner_, plan, options_.bench.tolerance, select_checks({}));
     a.checks = verdict_name(verdict_of(outcome.results));
     a.check_failures = check_failures(outcome.results);
     std::set<std::string> named;
@@ -324,50 +358,104 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
         if (!site.empty()) named.insert(site);
       }
     }
-    known[Policy::parse(a.policy).text()] = {a.checks, a.check_failures};
+    known_[Policy::parse(a.policy).text()] = {a.checks, a.check_failures};
     return named;
-  };
-  // A selective plan's op-level policy runs in Python around every op, a cost no profile of the
-  // ops shows: the module plan it was preferred to is verified and measured beside it.
-  std::optional<size_t> rival;
-  bool rival_fits_alone = false;  // the module plan fits when measured, its selective rival does not
-  for (int64_t round = 0; round < 3; ++round) {
-    // Solve and check until a plan passes its checks.
-    accepted.reset();
-    while (static_cast<int64_t>(out.attempts.size()) < options.max_attempts) {
-      SolverStats stats;
-      const auto s = solve_plan(prof, budget - margin, excluded, &stats);
-      out.stats.states += stats.states;
-      out.stats.largest_front = std::max(out.stats.largest_front, stats.largest_front);
-      const auto sac = solve_sac_plan(prof, budget - margin, excluded, sac_failed, &out.sac_subsets);
-      if (!s && !sac) break;
-      PlanAttempt a;
-      std::optional<PlanAttempt> module_plan;
-      if (s) {
-        a.policy = plan_policy(prof, *s);
-        for (size_t i = 0; i < s->size(); ++i) {
-          if ((*s)[i]) a.sites.push_back(prof.sites[i].site);
-        }
-        a.predicted_peak_bytes = predict_peak(prof, *s, &a.peak_where);
-        a.predicted_seconds = predict_seconds(prof, *s);
-      }
-      // The selective plan where it is predicted faster (the module plan on a tie: it is simpler).
-      if (sac && (!s || (predict_sac_seconds(prof, *sac) < a.predicted_seconds &&
-                         !same_cost(predict_sac_seconds(prof, *sac), a.predicted_seconds)))) {
-        if (s && !a.sites.empty()) module_plan = a;
-        a = PlanAttempt{};
-        a.policy = sac_policy(prof, *sac);
-        for (size_t i = 0; i < prof.sites.size(); ++i) {
-          if (sac->sites[i]) a.sites.push_back(prof.sites[i].site);
-        }
-        for (size_t c : sac->saved) a.saved_ops.push_back(prof.op_classes[c].op);
-        std::sort(a.saved_ops.begin(), a.saved_ops.end());
-        a.peak_where.clear();
-        a.predicted_peak_bytes = predict_sac_peak(prof, *sac, &a.peak_where);
-        a.predicted_seconds = predict_sac_seconds(prof, *sac);
-      }
-      const bool repeated = std::any_of(out.attempts.begin(), out.attempts.end(), [&](const PlanAttempt& b) { return b.policy == a.policy; });
-      if (repeated) break;
+  }
+
+  PlanAttempt module_attempt(const std::vector<bool>& s) const {
+    const auto& prof = out_.profile;
+    PlanAttempt a;
+    a.policy = plan_policy(prof, s);
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i]) a.sites.push_back(prof.sites[i].site);
+    }
+    a.predicted_peak_bytes = predict_peak(prof, s, &a.peak_where);
+    a.predicted_seconds = predict_seconds(prof, s);
+    return a;
+  }
+
+  PlanAttempt sac_attempt(const SacPlan& sac) const {
+    const auto& prof = out_.profile;
+    PlanAttempt a;
+    a.policy = sac_policy(prof, sac);
+    for (size_t i = 0; i < prof.sites.size(); ++i) {
+      if (sac.sites[i]) a.sites.push_back(prof.sites[i].site);
+    }
+    for (size_t c : sac.saved) a.saved_ops.push_back(prof.op_classes[c].op);
+    std::sort(a.saved_ops.begin(), a.saved_ops.end());
+    a.predicted_peak_bytes = predict_sac_peak(prof, sac, &a.peak_where);
+    a.predicted_seconds = predict_sac_seconds(prof, sac);
+    return a;
+  }
+
+  // The next plan the solvers give for the budget left, and the module plan a selective one was
+  // preferred to; nothing when no plan is predicted to fit.
+  std::optional<std::pair<PlanAttempt, std::optional<PlanAttempt>>> propose() {
+    SolverStats stats;
+    const auto& prof = out_.profile;
+    const auto s = solve_plan(prof, budget_ - margin_, excluded_, &stats);
+    out_.stats.states += stats.states;
+    out_.stats.largest_front = std::max(out_.stats.largest_front, stats.largest_front);
+    const auto sac = solve_sac_plan(prof, budget_ - margin_, excluded_, sac_failed_, &out_.sac_subsets);
+    if (!s && !sac) return std::nullopt;
+    PlanAttempt a = s ? module_attempt(*s) : PlanAttempt{};
+    std::optional<PlanAttempt> module_plan;
+    // The selective plan where it is predicted faster (the module plan on a tie: it is simpler).
+    if (sac && (!s || (predict_sac_seconds(prof, *sac) < a.predicted_seconds &&
+                       !same_cost(predict_sac_seconds(prof, *sac), a.predicted_seconds)))) {
+      if (s && !a.sites.empty()) module_plan = a;
+      a = sac_attempt(*sac);
+    }
+    return std::make_pair(std::move(a), std::move(module_plan));
+  }
+
+  // A plan that failed its checks: the sites the findings name are left alone by the next plans
+  // (where they name none, every site of the plan; a selective plan naming none is set aside alone).
+  void set_aside(PlanAttempt& a, const std::set<std::string>& named) {
+    const auto& prof = out_.profile;
+    if (!a.saved_ops.empty()) sac_failed_.insert(a.policy);
+    if (!named.empty()) {
+      a.set_aside.assign(named.begin(), named.end());
+    } else if (a.saved_ops.empty()) {
+      a.set_aside = a.sites;
+    }
+    for (size_t i = 0; i < prof.sites.size(); ++i) {
+      if (std::count(a.set_aside.begin(), a.set_aside.end(), prof.sites[i].site)) excluded_.insert(i);
+    }
+    a.outcome = fmt::format("not recommended: {} its checks ({}); {}", a.checks == "fail" ? "fails" : "cannot pass",
+                            fmt::join(a.check_failures, "; "),
+                            a.set_aside.empty() ? "the next plan is another"
+                                                : fmt::format("the next plan leaves {} alone", fmt::join(a.set_aside, ", ")));
+    out_.attempts.push_back(a);
+  }
+
+  // The module plan a selective plan was preferred to, verified and kept beside it when it passes.
+  void keep_rival(PlanAttempt module_plan) {
+    rival_.reset();
+    const auto seen = std::find_if(out_.attempts.begin(), out_.attempts.end(),
+                                   [&](const PlanAttempt& b) { return b.policy == module_plan.policy; });
+    if (seen != out_.attempts.end()) {
+      if (seen->checks == "pass") rival_ = static_cast<size_t>(seen - out_.attempts.begin());
+      return;
+    }
+    verify(module_plan);
+    if (module_plan.checks == "pass") {
+      module_plan.outcome = "not recommended: the module plan the selective one was preferred to, measured beside it";
+      out_.attempts.push_back(module_plan);
+      rival_ = out_.attempts.size() - 1;
+    }
+  }
+
+  // Solve and check until a plan passes its checks (accepted_), or none is left.
+  void solve_and_check() {
+    accepted_.reset();
+    while (static_cast<int64_t>(out_.attempts.size()) < options_.max_attempts) {
+      auto proposed = propose();
+      if (!proposed) return;
+      auto& [a, module_plan] = *proposed;
+      const bool repeated = std::any_of(out_.attempts.begin(), out_.attempts.end(),
+                                        [&](const PlanAttempt& b) { return b.policy == a.policy; });
+      if (repeated) return;
       if (!a.sites.empty()) {
         const auto named = verify(a);
         if (a.checks == "error" && named.empty()) {
@@ -375,144 +463,142 @@ MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site
           // plain step does not repeat, say): no other plan would be judged either.
           a.outcome = fmt::format("not recommended: the checks cannot judge it ({}); no plan is verified",
                                   fmt::join(a.check_failures, "; "));
-          out.attempts.push_back(a);
-          out.reason = "no plan can be verified: the checks cannot judge this model's checkpointed step (" +
-                       fmt::format("{}", fmt::join(a.check_failures, "; ")) + ")";
-          break;
+          out_.attempts.push_back(a);
+          out_.reason = "no plan can be verified: the checks cannot judge this model's checkpointed step (" +
+                        fmt::format("{}", fmt::join(a.check_failures, "; ")) + ")";
+          return;
         }
         if (a.checks != "pass") {
-          if (!a.saved_ops.empty()) sac_failed.insert(a.policy);
-          // The sites the findings name; where they name none, every site of the plan.
-          // A selective plan whose findings name no site is set aside alone.
-          if (!named.empty()) {
-            a.set_aside.assign(named.begin(), named.end());
-          } else if (a.saved_ops.empty()) {
-            a.set_aside = a.sites;
-          }
-          for (size_t i = 0; i < prof.sites.size(); ++i) {
-            if (std::count(a.set_aside.begin(), a.set_aside.end(), prof.sites[i].site)) excluded.insert(i);
-          }
-          a.outcome = fmt::format("not recommended: {} its checks ({}); {}", a.checks == "fail" ? "fails" : "cannot pass",
-                                  fmt::join(a.check_failures, "; "),
-                                  a.set_aside.empty() ? "the next plan is another"
-                                                      : fmt::format("the next plan leaves {} alone", fmt::join(a.set_aside, ", ")));
-          out.attempts.push_back(a);
+          set_aside(a, named);
           continue;
         }
       }
-      out.attempts.push_back(a);
-      accepted = out.attempts.size() - 1;
-      rival.reset();
-      if (module_plan) {
-        const auto seen = std::find_if(out.attempts.begin(), out.attempts.end(),
-                                       [&](const PlanAttempt& b) { return b.policy == module_plan->policy; });
-        if (seen != out.attempts.end()) {
-          if (seen->checks == "pass") rival = static_cast<size_t>(seen - out.attempts.begin());
-        } else {
-          verify(*module_plan);
-          if (module_plan->checks == "pass") {
-            module_plan->outcome = "not recommended: the module plan the selective one was preferred to, measured beside it";
-            out.attempts.push_back(*module_plan);
-            rival = out.attempts.size() - 1;
-          }
-        }
-      }
-      break;
+      out_.attempts.push_back(a);
+      accepted_ = out_.attempts.size() - 1;
+      rival_.reset();
+      if (module_plan) keep_rival(*module_plan);
+      return;
     }
-    if (!accepted) break;
-    // Measure every plan proposed so far against none, interleaved; each with its checks' verdict.
-    auto bench = options.bench;
+  }
+
+  // Every plan proposed so far measured against none, interleaved, each with its checks' verdict.
+  void measure_all() {
+    auto bench = options_.bench;
     bench.policies = {"none"};
-    for (const auto& a : out.attempts) {
-      if (std::find(bench.policies.begin(), bench.policies.end(), a.policy) == bench.policies.end()) bench.policies.push_back(a.policy);
+    for (const auto& a : out_.attempts) {
+      if (std::find(bench.policies.begin(), bench.policies.end(), a.policy) == bench.policies.end()) {
+        bench.policies.push_back(a.policy);
+      }
     }
-    bench.memory_budget_bytes = options.memory_budget_bytes;
-    bench.known_checks = known;
-    out.measured = run_bench(runner, site_globs, bench);
-    auto& chosen = out.attempts[*accepted];
-    const auto* it = measured_plan(out, chosen.policy);
+    bench.memory_budget_bytes = options_.memory_budget_bytes;
+    bench.known_checks = known_;
+    out_.measured = run_bench(runner_, globs_, bench);
+  }
+
+  // Measures the accepted plan; true when the search ends (a plan fits, or it cannot be measured).
+  bool measure_round() {
+    measure_all();
+    auto& chosen = out_.attempts[*accepted_];
+    const auto* it = measured_plan(out_, chosen.policy);
     if (!it) {
       std::string why;
-      for (const auto& b : out.measured.policies) {
+      for (const auto& b : out_.measured.policies) {
         if (b.policy == Policy::parse(chosen.policy).text()) why = ": " + b.note + b.measurement.error;
       }
       chosen.outcome = "not recommended: its step could not be measured" + why;
-      accepted.reset();
-      break;
+      accepted_.reset();
+      return true;
     }
-    const int64_t total = it->measurement.baseline_bytes + it->measurement.peak_bytes;
-    const auto* other = rival ? measured_plan(out, out.attempts[*rival].policy) : nullptr;
+    const auto* other = rival_ ? measured_plan(out_, out_.attempts[*rival_].policy) : nullptr;
     const bool other_fits = other && other->fits &&
-                            other->measurement.baseline_bytes + other->measurement.peak_bytes <= options.memory_budget_bytes;
-    if (total <= options.memory_budget_bytes && it->fits) {
-      chosen.outcome = chosen.sites.empty() ? "recommended: nothing to check; the plain step's measured peak is within the budget"
-                                            : "recommended: passes its checks; its measured peak is within the budget";
-      // The module plan instead, where it fits too and is measured faster beyond doubt (the
-      // intervals apart).
-      if (other_fits && other->time_ratio_high < it->time_ratio_low) {
-        chosen.outcome = fmt::format("not recommended: passes its checks and fits, but measured slower ({:.2f}x none) than {} "
-                                     "({:.2f}x): the op-level policy's own cost",
-                                     it->time_ratio, out.attempts[*rival].policy, other->time_ratio);
-        out.attempts[*rival].outcome = "recommended: passes its checks; its measured peak is within the budget, and it is "
-                                       "measured faster than the selective plan";
-        accepted = rival;
-      }
-      break;
+                            other->measurement.baseline_bytes + other->measurement.peak_bytes <= options_.memory_budget_bytes;
+    if (it->measurement.baseline_bytes + it->measurement.peak_bytes <= options_.memory_budget_bytes && it->fits) {
+      fits(chosen, *it, other_fits ? other : nullptr);
+      return true;
     }
-    // Predicted within the budget but measured over it: plan again with the excess taken off --
-    // unless the module plan measured beside it fits, which is then the plan.
-    const int64_t excess = total - options.memory_budget_bytes;
+    return over_budget(chosen, *it, other_fits);
+  }
+
+  // The accepted plan fits when measured: recommended -- or the module plan beside it, where it fits
+  // too and is measured faster beyond doubt (the intervals apart).
+  void fits(PlanAttempt& chosen, const PolicyBench& it, const PolicyBench* other) {
+    chosen.outcome = chosen.sites.empty() ? "recommended: nothing to check; the plain step's measured peak is within the budget"
+                                          : "recommended: passes its checks; its measured peak is within the budget";
+    if (other && other->time_ratio_high < it.time_ratio_low) {
+      chosen.outcome = fmt::format("not recommended: passes its checks and fits, but measured slower ({:.2f}x none) than {} "
+                                   "({:.2f}x): the op-level policy's own cost",
+                                   it.time_ratio, out_.attempts[*rival_].policy, other->time_ratio);
+      out_.attempts[*rival_].outcome = "recommended: passes its checks; its measured peak is within the budget, and it is "
+                                       "measured faster than the selective plan";
+      accepted_ = rival_;
+    }
+  }
+
+  // Predicted within the budget but measured over it: plan again with the excess taken off --
+  // unless the module plan measured beside it fits, which is then the plan. True when that ends it.
+  bool over_budget(PlanAttempt& chosen, const PolicyBench& it, bool other_fits) {
+    const int64_t excess = it.measurement.baseline_bytes + it.measurement.peak_bytes - options_.memory_budget_bytes;
     chosen.outcome = fmt::format("not recommended: measured {} over the budget (predicted {} above the baseline, measured {})",
                                  format_bytes(static_cast<double>(excess)), format_bytes(static_cast<double>(chosen.predicted_peak_bytes)),
-                                 format_bytes(static_cast<double>(it->measurement.peak_bytes)));
+                                 format_bytes(static_cast<double>(it.measurement.peak_bytes)));
     if (other_fits) {
-      out.attempts[*rival].outcome = "recommended: passes its checks; its measured peak is within the budget, where the "
-                                     "selective plan preferred to it measured over the budget";
-      accepted = rival;
-      rival_fits_alone = true;
-      break;
+      out_.attempts[*rival_].outcome = "recommended: passes its checks; its measured peak is within the budget, where the "
+                                       "selective plan preferred to it measured over the budget";
+      accepted_ = rival_;
+      rival_fits_alone_ = true;
+      return true;
     }
     chosen.outcome += "; the next plan is solved for a budget that much smaller";
     // The next plan must be predicted at least that much smaller, and never this one again.
-    margin = std::max(margin + std::max<int64_t>(excess, 1), budget - chosen.predicted_peak_bytes + 1);
-    accepted.reset();
+    margin_ = std::max(margin_ + std::max<int64_t>(excess, 1), budget_ - chosen.predicted_peak_bytes + 1);
+    accepted_.reset();
+    return false;
   }
-  if (accepted) {
-    const auto& a = out.attempts[*accepted];
-    out.recommendation = a.policy;
-    out.fits = true;
-    out.reason = a.sites.empty()
-                     ? fmt::format("the plain step fits in {}: nothing needs to be checkpointed",
-                                   format_bytes(static_cast<double>(options.memory_budget_bytes)))
-                 : accepted == rival
-                     ? fmt::format("the module plan ({} site{}) the solver ranked after a selective plan: both pass the checks; "
-                                   "{}",
-                                   a.sites.size(), a.sites.size() == 1 ? "" : "s",
-                                   rival_fits_alone
-                                       ? fmt::format("only this one fits in {} when measured",
-                                                     format_bytes(static_cast<double>(options.memory_budget_bytes)))
-                                       : fmt::format("both fit in {} when measured and this one is measured faster",
-                                                     format_bytes(static_cast<double>(options.memory_budget_bytes))))
-                     : fmt::format("the plan that recomputes least ({} site{}) among those predicted to fit in {}; it passes "
-                                   "the checks and its measured peak fits",
-                                   a.sites.size(), a.sites.size() == 1 ? "" : "s",
-                                   format_bytes(static_cast<double>(options.memory_budget_bytes)));
-  } else if (out.reason.empty() && margin > 0) {
-    out.reason = fmt::format("no plan fits in {} when measured: the plans predicted to fit measured over it, and no smaller "
-                             "one is predicted to fit",
-                             format_bytes(static_cast<double>(options.memory_budget_bytes)));
-  } else if (out.reason.empty()) {
-    std::vector<bool> all(prof.sites.size(), false);
-    for (size_t i = 0; i < prof.sites.size(); ++i) all[i] = !excluded.count(i);
-    out.reason = fmt::format("no plan fits in {}: the least memory a plan {}is predicted to take is {} ({} above the baseline)",
-                             format_bytes(static_cast<double>(options.memory_budget_bytes)),
-                             excluded.empty() ? "" : "that passes its checks ",
-                             format_bytes(static_cast<double>(prof.baseline_bytes + predict_peak(prof, all))),
-                             format_bytes(static_cast<double>(predict_peak(prof, all))));
+
+  // The recommendation and the reason for it, or why there is none.
+  void conclude() {
+    if (accepted_) {
+      recommend(out_.attempts[*accepted_]);
+    } else if (out_.reason.empty() && margin_ > 0) {
+      out_.reason = fmt::format("no plan fits in {} when measured: the plans predicted to fit measured over it, and no "
+                                "smaller one is predicted to fit",
+                                budget_text(options_));
+    } else if (out_.reason.empty()) {
+      const auto& prof = out_.profile;
+      std::vector<bool> all(prof.sites.size(), false);
+      for (size_t i = 0; i < prof.sites.size(); ++i) all[i] = !excluded_.count(i);
+      out_.reason = fmt::format(
+          "no plan fits in {}: the least memory a plan {}is predicted to take is {} ({} above the baseline)",
+          budget_text(options_), excluded_.empty() ? "" : "that passes its checks ",
+          format_bytes(static_cast<double>(prof.baseline_bytes + predict_peak(prof, all))),
+          format_bytes(static_cast<double>(predict_peak(prof, all))));
+    }
   }
-  out.measured.recommendation = out.recommendation;
-  out.measured.reason = out.reason;
-  return out;
+
+  void recommend(const PlanAttempt& a) {
+    out_.recommendation = a.policy;
+    out_.fits = true;
+    const auto n = a.sites.size();
+    const char* plural = n == 1 ? "" : "s";
+    if (a.sites.empty()) {
+      out_.reason = fmt::format("the plain step fits in {}: nothing needs to be checkpointed", budget_text(options_));
+    } else if (accepted_ == rival_) {
+      out_.reason = fmt::format(
+          "the module plan ({} site{}) the solver ranked after a selective plan: both pass the checks; {}", n, plural,
+          rival_fits_alone_ ? fmt::format("only this one fits in {} when measured", budget_text(options_))
+                            : fmt::format("both fit in {} when measured and this one is measured faster", budget_text(options_)));
+    } else {
+      out_.reason = fmt::format("the plan that recomputes least ({} site{}) among those predicted to fit in {}; it passes "
+                                "the checks and its measured peak fits",
+                                n, plural, budget_text(options_));
+    }
+  }
+};
+
+}  // namespace
+
+MemoryPlan make_memory_plan(Runner& runner, const std::vector<std::string>& site_globs, const PlanOptions& options) {
+  return Planner(runner, site_globs, options).plan();
 }
 
 }  // namespace ckcheck

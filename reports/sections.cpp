@@ -98,57 +98,78 @@ struct Box {
 
 }  // namespace
 
-// What decides between policies, as an SVG scatter chart: peak memory above the baseline against
-// step time x none, on axes that span the policies measured (round ticks), the Pareto front of the
-// ranked policies drawn, the recommendation and the memory budget marked, a policy that fails its
-// checks crossed out, and labels placed where they overlap no other label or point.
-std::string bench_svg(const BenchResult& r) {
-  struct Point {
-    std::string label;
-    double t, tlo, thi, mem;  // time x none (with its interval), MiB above the baseline
-    bool fits, ranked, failed, chosen;
-  };
-  std::vector<Point> pts;
-  const PolicyBench* none = measured_none(r);
+namespace {
+
+struct ChartPoint {
+  std::string label;
+  double t, tlo, thi, mem;  // time x none (with its interval), MiB above the baseline
+  bool fits, ranked, failed, chosen;
+};
+
+// The chart's frame: what the axes span, in what units, and where the budget is drawn.
+struct Chart {
+  static constexpr double W = 720, H = 440, L = 80, R = 30, T = 30, B = 56;
+  bool ratio = false;   // time as a ratio to none (else milliseconds)
+  bool budget = false;  // a memory budget was given
+  double budget_mib = 0.0;
+  bool budget_shown = false;  // near the policies: drawn as a line (else a note says where it is)
+  bool in_gib = false;
+  double m_unit = 1.0;
+  double x0 = 0, x1 = 1, y0 = 0, y1 = 1;
+  double x(double t) const { return L + (W - L - R) * (t - x0) / (x1 - x0); }
+  double y(double m) const { return H - B - (H - T - B) * (m - y0) / (y1 - y0); }
+};
+
+std::vector<ChartPoint> chart_points(const BenchResult& r) {
+  std::vector<ChartPoint> pts;
+  const bool ratio = measured_none(r) != nullptr;
   for (const auto& p : r.policies) {
     if (p.measurement.step_seconds.empty()) continue;
-    const bool ratio = none != nullptr;
     pts.push_back({p.policy, ratio ? p.time_ratio : p.time_median_s * 1e3, ratio ? p.time_ratio_low : p.time_min_s * 1e3,
                    ratio ? p.time_ratio_high : p.time_max_s * 1e3, static_cast<double>(p.measurement.peak_bytes) / 1048576.0,
                    p.fits, p.ranked, !p.checks.empty() && p.checks != "pass",
                    !r.recommendation.empty() && r.recommendation == p.policy});
   }
-  if (pts.empty()) return "";
-  const bool ratio = none != nullptr;
-  const bool budget = r.memory_budget_bytes >= 0;
-  const double budget_mib = budget ? static_cast<double>(r.memory_budget_bytes - r.baseline_bytes) / 1048576.0 : 0.0;
+  return pts;
+}
+
+Chart chart_of(const BenchResult& r, const std::vector<ChartPoint>& pts) {
+  Chart c;
+  c.ratio = measured_none(r) != nullptr;
+  c.budget = r.memory_budget_bytes >= 0;
+  c.budget_mib = c.budget ? static_cast<double>(r.memory_budget_bytes - r.baseline_bytes) / 1048576.0 : 0.0;
   double tlo = 1e300, thi = -1e300, mlo = 1e300, mhi = -1e300;
   for (const auto& p : pts) {
     tlo = std::min(tlo, p.t), thi = std::max(thi, p.t);
     mlo = std::min(mlo, p.mem), mhi = std::max(mhi, p.mem);
   }
   // The budget line widens the axis only where it lies near the policies; far above, a note says where.
-  const bool budget_shown = budget && budget_mib > 0 && budget_mib <= mhi + 0.5 * (mhi - mlo) + 1e-9 &&
-                            budget_mib >= mlo - 0.5 * (mhi - mlo) - 1e-9;
-  if (budget_shown) mlo = std::min(mlo, budget_mib), mhi = std::max(mhi, budget_mib);
-  const bool in_gib = mhi >= 2048;
-  const double m_unit = in_gib ? 1024.0 : 1.0;
+  c.budget_shown = c.budget && c.budget_mib > 0 && c.budget_mib <= mhi + 0.5 * (mhi - mlo) + 1e-9 &&
+                   c.budget_mib >= mlo - 0.5 * (mhi - mlo) - 1e-9;
+  if (c.budget_shown) mlo = std::min(mlo, c.budget_mib), mhi = std::max(mhi, c.budget_mib);
+  c.in_gib = mhi >= 2048;
+  c.m_unit = c.in_gib ? 1024.0 : 1.0;
   // Axes span the data with a margin, from round ticks: the differences between policies fill the plot.
   const double tpad = std::max((thi - tlo) * 0.08, std::abs(thi) * 0.01), mpad = std::max((mhi - mlo) * 0.08, std::abs(mhi) * 0.01 + 1e-6);
   // The axes end a margin past the outermost points (not at the next round tick, which could leave
   // half the plot empty); the round ticks are those inside.
-  const double x0 = std::max(tlo - tpad, 0.0), x1 = thi + tpad;
-  const double y0 = std::max(mlo - mpad, 0.0), y1 = mhi + mpad;
-  auto inside = [](std::vector<double> ticks, double lo, double hi) {
-    ticks.erase(std::remove_if(ticks.begin(), ticks.end(), [&](double v) { return v < lo - 1e-12 || v > hi + 1e-12; }),
-                ticks.end());
-    return ticks;
-  };
-  const auto xt = inside(nice_ticks(x0, x1, 5), x0, x1);
-  const auto yt = inside(nice_ticks(y0 / m_unit, y1 / m_unit, 5), y0 / m_unit, y1 / m_unit);
-  const double W = 720, H = 440, L = 80, R = 30, T = 30, B = 56;
-  auto x = [&](double t) { return L + (W - L - R) * (t - x0) / (x1 - x0); };
-  auto y = [&](double m) { return H - B - (H - T - B) * (m - y0) / (y1 - y0); };
+  c.x0 = std::max(tlo - tpad, 0.0), c.x1 = thi + tpad;
+  c.y0 = std::max(mlo - mpad, 0.0), c.y1 = mhi + mpad;
+  return c;
+}
+
+std::vector<double> ticks_inside(double lo, double hi) {
+  auto ticks = nice_ticks(lo, hi, 5);
+  ticks.erase(std::remove_if(ticks.begin(), ticks.end(), [&](double v) { return v < lo - 1e-12 || v > hi + 1e-12; }),
+              ticks.end());
+  return ticks;
+}
+
+// The plot's frame, grid, ticks and axis titles.
+std::string chart_frame(const Chart& c) {
+  constexpr double W = Chart::W, H = Chart::H, L = Chart::L, R = Chart::R, T = Chart::T, B = Chart::B;
+  const auto xt = ticks_inside(c.x0, c.x1);
+  const auto yt = ticks_inside(c.y0 / c.m_unit, c.y1 / c.m_unit);
   std::string svg = fmt::format("<svg class=\"bench-chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
                                 "viewBox=\"0 0 {} {}\" font-family=\"sans-serif\" font-size=\"12\">\n",
                                 W, H, W, H);
@@ -156,32 +177,38 @@ std::string bench_svg(const BenchResult& r) {
                      W - L - R, H - T - B);
   const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1.0, ystep = yt.size() > 1 ? yt[1] - yt[0] : 1.0;
   for (double v : xt) {
-    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>\n", x(v), T, H - B);
-    svg += fmt::format("<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#444\">{}</text>\n", x(v),
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" stroke=\"#eee\"/>\n", c.x(v), T, H - B);
+    svg += fmt::format("<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#444\">{}</text>\n", c.x(v),
                        H - B + 16, tick_text(v, xstep));
   }
   for (double v : yt) {
-    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#eee\"/>\n", L, y(v * m_unit), W - R);
+    svg += fmt::format("<line x1=\"{0}\" y1=\"{1:.1f}\" x2=\"{2}\" y2=\"{1:.1f}\" stroke=\"#eee\"/>\n", L, c.y(v * c.m_unit), W - R);
     svg += fmt::format("<text class=\"tick\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#444\">{}</text>\n", L - 6,
-                       y(v * m_unit) + 4, tick_text(v, ystep));
+                       c.y(v * c.m_unit) + 4, tick_text(v, ystep));
   }
   svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", (L + W - R) / 2, H - 14,
-                     ratio ? "step time x none (bar: 95% interval)" : "step time, ms (median; bar: min..max)");
+                     c.ratio ? "step time x none (bar: 95% interval)" : "step time, ms (median; bar: min..max)");
   svg += fmt::format("<text x=\"18\" y=\"{0:.1f}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {0:.1f})\">peak memory above "
                      "the baseline, {1}</text>\n",
-                     (T + H - B) / 2, in_gib ? "GiB" : "MiB");
-  std::vector<Box> taken;
-  for (const auto& p : pts) taken.push_back({x(p.t) - 6, y(p.mem) - 6, x(p.t) + 6, y(p.mem) + 6});
-  if (budget && !budget_shown) {
-    const auto note = budget_mib > 0 ? fmt::format("memory budget: {} above the baseline, beyond the chart",
-                                                   format_bytes(budget_mib * 1048576.0))
-                                     : std::string("memory budget: below the baseline");
+                     (T + H - B) / 2, c.in_gib ? "GiB" : "MiB");
+  return svg;
+}
+
+// The memory budget: a dashed line where it lies near the policies, else a note saying where it is;
+// what it writes is taken for labels.
+std::string chart_budget(const Chart& c, std::vector<Box>& taken) {
+  constexpr double W = Chart::W, L = Chart::L, R = Chart::R, T = Chart::T;
+  std::string svg;
+  if (c.budget && !c.budget_shown) {
+    const auto note = c.budget_mib > 0 ? fmt::format("memory budget: {} above the baseline, beyond the chart",
+                                                     format_bytes(c.budget_mib * 1048576.0))
+                                       : std::string("memory budget: below the baseline");
     svg += fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#b00020\">{}</text>\n",
                        W - R - 4, T + 16, note);
     taken.push_back({W - R - 4 - 6.8 * static_cast<double>(note.size()), T + 2, W - R - 4, T + 20});
   }
-  if (budget_shown) {
-    const double by = y(budget_mib);
+  if (c.budget_shown) {
+    const double by = c.y(c.budget_mib);
     svg += fmt::format("<line class=\"budget\" x1=\"{}\" y1=\"{:.1f}\" x2=\"{}\" y2=\"{:.1f}\" stroke=\"#b00020\" "
                        "stroke-dasharray=\"6 4\"/>\n",
                        L, by, W - R, by);
@@ -190,8 +217,12 @@ std::string bench_svg(const BenchResult& r) {
                        W - R - 4, ly);
     taken.push_back({W - R - 4 - 6.8 * 13, ly - 12, W - R - 4, ly + 3});
   }
-  // The Pareto front of the ranked policies: none faster and smaller.
-  std::vector<const Point*> front;
+  return svg;
+}
+
+// The Pareto front of the ranked policies (none faster and smaller), as a line.
+std::string chart_front(const Chart& c, const std::vector<ChartPoint>& pts) {
+  std::vector<const ChartPoint*> front;
   for (const auto& p : pts) {
     if (!p.ranked) continue;
     bool dominated = false;
@@ -200,65 +231,100 @@ std::string bench_svg(const BenchResult& r) {
     }
     if (!dominated) front.push_back(&p);
   }
-  std::sort(front.begin(), front.end(), [](const Point* a, const Point* b) { return a->t < b->t; });
-  if (front.size() > 1) {
-    std::string path;
-    for (const auto* p : front) path += fmt::format("{}{:.1f},{:.1f}", path.empty() ? "" : " ", x(p->t), y(p->mem));
-    svg += fmt::format("<polyline class=\"front\" points=\"{}\" fill=\"none\" stroke=\"#1f5fa8\" stroke-opacity=\"0.45\" "
-                       "stroke-width=\"2\"/>\n",
-                       path);
+  std::sort(front.begin(), front.end(), [](const ChartPoint* a, const ChartPoint* b) { return a->t < b->t; });
+  if (front.size() < 2) return "";
+  std::string path;
+  for (const auto* p : front) path += fmt::format("{}{:.1f},{:.1f}", path.empty() ? "" : " ", c.x(p->t), c.y(p->mem));
+  return fmt::format("<polyline class=\"front\" points=\"{}\" fill=\"none\" stroke=\"#1f5fa8\" stroke-opacity=\"0.45\" "
+                     "stroke-width=\"2\"/>\n",
+                     path);
+}
+
+std::string point_colour(const ChartPoint& p) {
+  return p.chosen ? "#176b2c" : p.failed ? "#b00020" : !p.fits ? "#8a6100" : p.ranked ? "#1f5fa8" : "#888";
+}
+
+// A policy's point: its interval (clipped to the plot), and a circle -- or a cross where it fails
+// its checks -- with its figures as the title.
+std::string chart_point(const Chart& c, const ChartPoint& p) {
+  const double px = c.x(p.t), py = c.y(p.mem);
+  const auto clip = [&](double v) { return std::clamp(v, Chart::L, Chart::W - Chart::R); };
+  std::string svg = fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#888\"/>\n",
+                                clip(c.x(p.tlo)), py, clip(c.x(p.thi)), py);
+  const std::string colour = point_colour(p);
+  const std::string title = fmt::format("{}: {} {:.3g}, {:.3g} MiB above the baseline{}", escape_markup(p.label),
+                                        c.ratio ? "time x none" : "ms", p.t, p.mem, p.failed ? " (fails its checks)" : "");
+  if (p.failed) {
+    return svg + fmt::format("<g class=\"point failed\" stroke=\"{0}\" stroke-width=\"2.5\"><title>{5}</title><line x1=\"{1:.1f}\" "
+                             "y1=\"{2:.1f}\" x2=\"{3:.1f}\" y2=\"{4:.1f}\"/><line x1=\"{1:.1f}\" y1=\"{4:.1f}\" x2=\"{3:.1f}\" "
+                             "y2=\"{2:.1f}\"/></g>\n",
+                             colour, px - 5, py - 5, px + 5, py + 5, title);
   }
-  for (const auto& p : pts) {
-    const double px = x(p.t), py = y(p.mem);
-    // The interval, clipped to the plot (a wide one would otherwise set the axis).
-    const auto clip = [&](double v) { return std::clamp(v, L, W - R); };
-    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#888\"/>\n", clip(x(p.tlo)), py,
-                       clip(x(p.thi)), py);
-    const std::string colour = p.chosen ? "#176b2c" : p.failed ? "#b00020" : !p.fits ? "#8a6100" : p.ranked ? "#1f5fa8" : "#888";
-    const std::string title = fmt::format("{}: {} {:.3g}, {:.3g} MiB above the baseline{}", escape_markup(p.label),
-                                          ratio ? "time x none" : "ms", p.t, p.mem, p.failed ? " (fails its checks)" : "");
-    if (p.failed) {
-      svg += fmt::format("<g class=\"point failed\" stroke=\"{0}\" stroke-width=\"2.5\"><title>{5}</title><line x1=\"{1:.1f}\" "
-                         "y1=\"{2:.1f}\" x2=\"{3:.1f}\" y2=\"{4:.1f}\"/><line x1=\"{1:.1f}\" y1=\"{4:.1f}\" x2=\"{3:.1f}\" "
-                         "y2=\"{2:.1f}\"/></g>\n",
-                         colour, px - 5, py - 5, px + 5, py + 5, title);
-    } else {
-      svg += fmt::format("<circle class=\"point\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}</title></circle>\n", px, py,
-                         p.chosen ? 7 : 5, colour, title);
+  return svg + fmt::format("<circle class=\"point\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\"><title>{}</title></circle>\n",
+                           px, py, p.chosen ? 7 : 5, colour, title);
+}
+
+struct LabelSpot {
+  Box box;
+  std::string anchor;
+  double x, y;
+};
+
+// The first place beside a point, further out step by step, where a label of width w overlaps no
+// other label or point and stays inside the plot.
+std::optional<LabelSpot> label_spot(double px, double py, double w, const std::vector<Box>& taken) {
+  const double h = 14;
+  for (int ring = 1; ring <= 8; ++ring) {
+    const double d = 8.0 * ring;
+    const std::vector<std::tuple<double, double, const char*>> spots = {
+        {px + d, py - d / 2, "start"}, {px - d, py - d / 2, "end"}, {px + d, py + d + 8, "start"},
+        {px - d, py + d + 8, "end"},   {px, py - d, "middle"},      {px, py + d + 10, "middle"}};
+    for (const auto& [sx, sy, a] : spots) {
+      const std::string an = a;
+      const double bx0 = an == "start" ? sx : an == "end" ? sx - w : sx - w / 2;
+      const Box b{bx0, sy - h + 3, bx0 + w, sy + 3};
+      if (b.x0 < Chart::L + 2 || b.x1 > Chart::W - Chart::R - 2 || b.y0 < Chart::T + 2 || b.y1 > Chart::H - Chart::B - 2) continue;
+      if (std::any_of(taken.begin(), taken.end(), [&](const Box& o) { return o.overlaps(b); })) continue;
+      return LabelSpot{b, an, sx, sy};
     }
-    // The label: the first place beside the point, further out step by step, that overlaps no
-    // other label or point and stays inside the plot.
-    const std::string text = p.label + (p.chosen ? " (recommended)" : p.failed ? " (fails checks)" : "");
-    const double w = 6.8 * static_cast<double>(text.size()) + 4, h = 14;
-    std::optional<Box> placed;
-    std::string anchor = "start";
-    double tx = 0, ty = 0;
-    for (int ring = 1; ring <= 8 && !placed; ++ring) {
-      const double d = 8.0 * ring;
-      const std::vector<std::tuple<double, double, const char*>> spots = {
-          {px + d, py - d / 2, "start"}, {px - d, py - d / 2, "end"}, {px + d, py + d + 8, "start"},
-          {px - d, py + d + 8, "end"},   {px, py - d, "middle"},      {px, py + d + 10, "middle"}};
-      for (const auto& [sx, sy, a] : spots) {
-        const std::string an = a;
-        const double bx0 = an == "start" ? sx : an == "end" ? sx - w : sx - w / 2;
-        const Box b{bx0, sy - h + 3, bx0 + w, sy + 3};
-        if (b.x0 < L + 2 || b.x1 > W - R - 2 || b.y0 < T + 2 || b.y1 > H - B - 2) continue;
-        if (std::any_of(taken.begin(), taken.end(), [&](const Box& o) { return o.overlaps(b); })) continue;
-        placed = b, anchor = an, tx = sx, ty = sy;
-        break;
-      }
-    }
-    if (!placed) continue;  // no room: the point's title and the table below still name it
-    taken.push_back(*placed);
-    if (std::hypot(tx - px, ty - py) > 20) {
-      svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#bbb\"/>\n", px, py,
-                         anchor == "end" ? placed->x1 : anchor == "start" ? placed->x0 : tx, ty - 4);
-    }
-    svg += fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"{}\" fill=\"{}\"{}>{}</text>\n", tx, ty, anchor,
-                       colour, p.chosen ? " font-weight=\"bold\"" : "", escape_markup(text));
   }
-  svg += "</svg>\n";
-  return svg;
+  return std::nullopt;
+}
+
+// A point's label where there is room (a leader line where it stands apart); none where there is
+// no room: the point's title and the table below still name it.
+std::string chart_label(const Chart& c, const ChartPoint& p, std::vector<Box>& taken) {
+  const double px = c.x(p.t), py = c.y(p.mem);
+  const std::string text = p.label + (p.chosen ? " (recommended)" : p.failed ? " (fails checks)" : "");
+  const auto spot = label_spot(px, py, 6.8 * static_cast<double>(text.size()) + 4, taken);
+  if (!spot) return "";
+  taken.push_back(spot->box);
+  std::string svg;
+  if (std::hypot(spot->x - px, spot->y - py) > 20) {
+    svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#bbb\"/>\n", px, py,
+                       spot->anchor == "end" ? spot->box.x1 : spot->anchor == "start" ? spot->box.x0 : spot->x, spot->y - 4);
+  }
+  return svg + fmt::format("<text class=\"label\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"{}\" fill=\"{}\"{}>{}</text>\n", spot->x,
+                           spot->y, spot->anchor, point_colour(p), p.chosen ? " font-weight=\"bold\"" : "", escape_markup(text));
+}
+
+}  // namespace
+
+// What decides between policies, as an SVG scatter chart: peak memory above the baseline against
+// step time x none, on axes that span the policies measured (round ticks), the Pareto front of the
+// ranked policies drawn, the recommendation and the memory budget marked, a policy that fails its
+// checks crossed out, and labels placed where they overlap no other label or point.
+std::string bench_svg(const BenchResult& r) {
+  const auto pts = chart_points(r);
+  if (pts.empty()) return "";
+  const Chart c = chart_of(r, pts);
+  std::string svg = chart_frame(c);
+  std::vector<Box> taken;
+  for (const auto& p : pts) taken.push_back({c.x(p.t) - 6, c.y(p.mem) - 6, c.x(p.t) + 6, c.y(p.mem) + 6});
+  svg += chart_budget(c, taken);
+  svg += chart_front(c, pts);
+  for (const auto& p : pts) svg += chart_point(c, p) + chart_label(c, p, taken);
+  return svg + "</svg>\n";
 }
 
 std::vector<std::string> diagnosis_lines(const Diagnosis& d) {

@@ -92,6 +92,118 @@ OptionTable<ModelArgs> file_input_rows() {
 
 }  // namespace
 
+namespace {
+
+// What is checkpointed and how: the checkpoint under test, the compiler's, op-level policies, offloading.
+void add_checkpoint_rows(OptionTable<ModelArgs>& t) {
+  t.push_back(OptionRow<ModelArgs>("--checkpoint",
+                                   "the checkpoint under test: auto (default: for a Python model its own switch when "
+                                   "it has one -- gradient_checkpointing_enable(), timm's set_grad_checkpointing() or "
+                                   "the factory's enable/disable --, else torch; ckcheck for the others), ckcheck "
+                                   "(ckcheck's own, every model), and for Python models torch (torch.utils.checkpoint, "
+                                   "use_reentrant=False), torch-reentrant (use_reentrant=True), torch-sac (non-reentrant with an "
+                                   "op-level policy: --sac-save or the factory's context_fn) or model (the model's "
+                                   "own switch); the reference is always the model without checkpoints",
+                                   &ModelArgs::checkpoint)
+                  .check(CLI::IsMember({"auto", "ckcheck", "torch", "torch-reentrant", "torch-sac", "model"}))
+                  .config("checkpoint"));
+  t.push_back(OptionRow<ModelArgs>("--compile",
+                                   "train the Python model compiled (torch.compile, inductor): the eager plain step, "
+                                   "the compiled plain step (the reference) and the compiled checkpointed step are "
+                                   "compared; the checkpoints run inside the compiled graph",
+                                   &ModelArgs::compile)
+                  .group(kCompiled)
+                  .config("compile"));
+  t.push_back(OptionRow<ModelArgs>("--compile-mode",
+                                   "torch.compile's mode with --compile: default, reduce-overhead or "
+                                   "max-autotune-no-cudagraphs",
+                                   &ModelArgs::compile_mode)
+                  .check(CLI::IsMember({"default", "reduce-overhead", "max-autotune-no-cudagraphs"}))
+                  .group(kCompiled)
+                  .config("compile_mode"));
+  t.push_back(OptionRow<ModelArgs>("--memory-budget",
+                                   "with --compile, the compiler's activation memory budget in the checkpointed step, "
+                                   "0 to 1 (0: recompute what it can; 1, the default: the compiler's own choice); "
+                                   "below 1 with --checkpoint auto, the budget alone decides what is recomputed",
+                                   &ModelArgs::memory_budget)
+                  .check(finite_number(0, 1))
+                  .group(kCompiled)
+                  .config("memory_budget"));
+  t.push_back(OptionRow<ModelArgs>("--sac-save",
+                                   "with --checkpoint torch-sac, the ops the checkpointed units save, comma-separated "
+                                   "(aten.mm,aten.bmm or an overload, aten.mm.default); every other op is recomputed "
+                                   "(selective activation checkpointing)",
+                                   &ModelArgs::sac_save)
+                  .check(non_empty("ops, as aten.mm,aten.bmm"))
+                  .group(kPolicies)
+                  .config("sac_save"));
+  t.push_back(OptionRow<ModelArgs>("--offload",
+                                   "off, or cpu: run the checkpointed step with its saved activations offloaded "
+                                   "(saved-tensor hooks that copy each one to the CPU in the forward and back in the "
+                                   "backward; the factory's 'offload' when it gives one); compared with the plain "
+                                   "step without offloading",
+                                   &ModelArgs::offload)
+                  .check(CLI::IsMember({"off", "cpu"}))
+                  .group(kPolicies)
+                  .config("offload"));
+}
+
+// The data-parallel engine and its precision.
+void add_parallel_rows(OptionTable<ModelArgs>& t) {
+  t.push_back(OptionRow<ModelArgs>("--parallel",
+                                   "off, ddp or fsdp: with --world-size N (or under torchrun), train the Python model "
+                                   "data-parallel in PyTorch's DistributedDataParallel (ddp; options from the "
+                                   "factory's 'ddp' dict) or sharded by FSDP2's fully_shard on each block and the "
+                                   "root (fsdp; the factory's 'fsdp' dict: reshard_after_forward, modules), Gloo "
+                                   "over loopback on the CPU; compared with one process on the whole batch and with "
+                                   "the plain step under the same engine",
+                                   &ModelArgs::parallel)
+                  .check(CLI::IsMember({"off", "ddp", "fsdp"}))
+                  .group(kParallel)
+                  .config("parallel"));
+  t.push_back(OptionRow<ModelArgs>("--mixed-precision",
+                                   "off, bf16 or fp16: under --parallel fsdp, FSDP2's MixedPrecisionPolicy with the "
+                                   "parameters in that dtype and gradients reduced in float32 (the one-process "
+                                   "reference stays in float32, compared within that precision)",
+                                   &ModelArgs::mixed_precision)
+                  .check(CLI::IsMember({"off", "bf16", "fp16"}))
+                  .group(kParallel)
+                  .config("mixed_precision"));
+}
+
+// Which sites, which policy, and the step: inputs' gradients, seed, steps, device, autocast.
+void add_step_rows(OptionTable<ModelArgs>& t) {
+  t.push_back(OptionRow<ModelArgs>("--input-requires-grad",
+                                   "make every floating-point input require grad and compare input gradients "
+                                   "(default: inputs as the model gives them -- a training batch does not require "
+                                   "grad, and a reentrant checkpoint behaves differently when one does)",
+                                   &ModelArgs::input_requires_grad)
+                  .config("input_requires_grad"));
+  t.push_back(OptionRow<ModelArgs>("--sites",
+                                   "where checkpoints may go: globs over module paths, comma-separated or repeated "
+                                   "(default: the model's own blocks); '*' matches dots too, as in '*.attn'",
+                                   &ModelArgs::sites)
+                  .check(non_empty("a glob over module paths, as 'blocks.*'"))
+                  .config("sites"));
+  t.push_back(OptionRow<ModelArgs>("--policy",
+                                   "which candidate sites are checkpointed: none, every:K, segments[:N] (N defaults to "
+                                   "sqrt of the candidates), sites:GLOB[,GLOB]",
+                                   &ModelArgs::policy)
+                  .always());
+  t.push_back(OptionRow<ModelArgs>("--seed", "seed for parameters, inputs, dropout and upstream gradients (0 to 2^64-1)",
+                                   &ModelArgs::seed)
+                  .check(whole_number(0, UINT64_MAX))
+                  .always()
+                  .config("seed"));
+  t.push_back(OptionRow<ModelArgs>("--steps", "training steps, with an SGD update between them", &ModelArgs::steps)
+                  .check(whole_number(1, 10000))
+                  .config("steps"));
+  t.push_back(OptionRow<ModelArgs>("--device", "cpu, cuda or cuda:N", &ModelArgs::device));
+  t.push_back(OptionRow<ModelArgs>("--amp", "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)", &ModelArgs::amp));
+}
+
+}  // namespace
+
 const OptionTable<ModelArgs>& model_option_table() {
   static const OptionTable<ModelArgs> table = [] {
     std::vector<std::string> names;
@@ -109,102 +221,9 @@ const OptionTable<ModelArgs>& model_option_table() {
                     .always());
     const auto inputs = file_input_rows();
     t.insert(t.end(), inputs.begin(), inputs.end());
-    t.push_back(OptionRow<ModelArgs>("--checkpoint",
-                                     "the checkpoint under test: auto (default: for a Python model its own switch when "
-                                     "it has one -- gradient_checkpointing_enable(), timm's set_grad_checkpointing() or "
-                                     "the factory's enable/disable --, else torch; ckcheck for the others), ckcheck "
-                                     "(ckcheck's own, every model), and for Python models torch (torch.utils.checkpoint, "
-                                     "use_reentrant=False), torch-reentrant (use_reentrant=True), torch-sac (non-reentrant with an "
-                                     "op-level policy: --sac-save or the factory's context_fn) or model (the model's "
-                                     "own switch); the reference is always the model without checkpoints",
-                                     &ModelArgs::checkpoint)
-                    .check(CLI::IsMember({"auto", "ckcheck", "torch", "torch-reentrant", "torch-sac", "model"}))
-                    .config("checkpoint"));
-    t.push_back(OptionRow<ModelArgs>("--compile",
-                                     "train the Python model compiled (torch.compile, inductor): the eager plain step, "
-                                     "the compiled plain step (the reference) and the compiled checkpointed step are "
-                                     "compared; the checkpoints run inside the compiled graph",
-                                     &ModelArgs::compile)
-                    .group(kCompiled)
-                    .config("compile"));
-    t.push_back(OptionRow<ModelArgs>("--compile-mode",
-                                     "torch.compile's mode with --compile: default, reduce-overhead or "
-                                     "max-autotune-no-cudagraphs",
-                                     &ModelArgs::compile_mode)
-                    .check(CLI::IsMember({"default", "reduce-overhead", "max-autotune-no-cudagraphs"}))
-                    .group(kCompiled)
-                    .config("compile_mode"));
-    t.push_back(OptionRow<ModelArgs>("--memory-budget",
-                                     "with --compile, the compiler's activation memory budget in the checkpointed step, "
-                                     "0 to 1 (0: recompute what it can; 1, the default: the compiler's own choice); "
-                                     "below 1 with --checkpoint auto, the budget alone decides what is recomputed",
-                                     &ModelArgs::memory_budget)
-                    .check(finite_number(0, 1))
-                    .group(kCompiled)
-                    .config("memory_budget"));
-    t.push_back(OptionRow<ModelArgs>("--sac-save",
-                                     "with --checkpoint torch-sac, the ops the checkpointed units save, comma-separated "
-                                     "(aten.mm,aten.bmm or an overload, aten.mm.default); every other op is recomputed "
-                                     "(selective activation checkpointing)",
-                                     &ModelArgs::sac_save)
-                    .check(non_empty("ops, as aten.mm,aten.bmm"))
-                    .group(kPolicies)
-                    .config("sac_save"));
-    t.push_back(OptionRow<ModelArgs>("--offload",
-                                     "off, or cpu: run the checkpointed step with its saved activations offloaded "
-                                     "(saved-tensor hooks that copy each one to the CPU in the forward and back in the "
-                                     "backward; the factory's 'offload' when it gives one); compared with the plain "
-                                     "step without offloading",
-                                     &ModelArgs::offload)
-                    .check(CLI::IsMember({"off", "cpu"}))
-                    .group(kPolicies)
-                    .config("offload"));
-    t.push_back(OptionRow<ModelArgs>("--parallel",
-                                     "off, ddp or fsdp: with --world-size N (or under torchrun), train the Python model "
-                                     "data-parallel in PyTorch's DistributedDataParallel (ddp; options from the "
-                                     "factory's 'ddp' dict) or sharded by FSDP2's fully_shard on each block and the "
-                                     "root (fsdp; the factory's 'fsdp' dict: reshard_after_forward, modules), Gloo "
-                                     "over loopback on the CPU; compared with one process on the whole batch and with "
-                                     "the plain step under the same engine",
-                                     &ModelArgs::parallel)
-                    .check(CLI::IsMember({"off", "ddp", "fsdp"}))
-                    .group(kParallel)
-                    .config("parallel"));
-    t.push_back(OptionRow<ModelArgs>("--mixed-precision",
-                                     "off, bf16 or fp16: under --parallel fsdp, FSDP2's MixedPrecisionPolicy with the "
-                                     "parameters in that dtype and gradients reduced in float32 (the one-process "
-                                     "reference stays in float32, compared within that precision)",
-                                     &ModelArgs::mixed_precision)
-                    .check(CLI::IsMember({"off", "bf16", "fp16"}))
-                    .group(kParallel)
-                    .config("mixed_precision"));
-    t.push_back(OptionRow<ModelArgs>("--input-requires-grad",
-                                     "make every floating-point input require grad and compare input gradients "
-                                     "(default: inputs as the model gives them -- a training batch does not require "
-                                     "grad, and a reentrant checkpoint behaves differently when one does)",
-                                     &ModelArgs::input_requires_grad)
-                    .config("input_requires_grad"));
-    t.push_back(OptionRow<ModelArgs>("--sites",
-                                     "where checkpoints may go: globs over module paths, comma-separated or repeated "
-                                     "(default: the model's own blocks); '*' matches dots too, as in '*.attn'",
-                                     &ModelArgs::sites)
-                    .check(non_empty("a glob over module paths, as 'blocks.*'"))
-                    .config("sites"));
-    t.push_back(OptionRow<ModelArgs>("--policy",
-                                     "which candidate sites are checkpointed: none, every:K, segments[:N] (N defaults to "
-                                     "sqrt of the candidates), sites:GLOB[,GLOB]",
-                                     &ModelArgs::policy)
-                    .always());
-    t.push_back(OptionRow<ModelArgs>("--seed", "seed for parameters, inputs, dropout and upstream gradients (0 to 2^64-1)",
-                                     &ModelArgs::seed)
-                    .check(whole_number(0, UINT64_MAX))
-                    .always()
-                    .config("seed"));
-    t.push_back(OptionRow<ModelArgs>("--steps", "training steps, with an SGD update between them", &ModelArgs::steps)
-                    .check(whole_number(1, 10000))
-                    .config("steps"));
-    t.push_back(OptionRow<ModelArgs>("--device", "cpu, cuda or cuda:N", &ModelArgs::device));
-    t.push_back(OptionRow<ModelArgs>("--amp", "autocast: off, bf16 (CPU or CUDA) or fp16 (CUDA)", &ModelArgs::amp));
+    add_checkpoint_rows(t);
+    add_parallel_rows(t);
+    add_step_rows(t);
     return t;
   }();
   return table;

@@ -144,15 +144,18 @@ std::unique_ptr<Collective> per_rank_group(const BenchCliOptions& o, std::unique
 
 }  // namespace
 
-int run_bench_command(const BenchCliOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (o.model.parallel == "off" && o.world_size > 1) {
-    throw UsageError("--world-size applies to bench --parallel ddp|fsdp (memory per rank); add --parallel or drop it");
-  }
-  const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
-  // One process: the deadline here, or in the ckcheck program that watches this one (a Python model).
-  if (o.model.parallel == "off" && o.timeout > 0 && !supervised()) arm_deadline(o.timeout);
-  if (o.threads > 0) torch::set_num_threads(o.threads);
+namespace {
+
+// Draws a progress bar on a terminal's standard error while the policies are measured.
+void progress_bar(size_t i, size_t n, const std::string& policy) {
+  const int width = 24;
+  const int done = n ? static_cast<int>(width * i / n) : width;
+  std::cerr << fmt::format("\r  measuring [{}{}] {}/{} {:<20}", std::string(done, '#'), std::string(width - done, '.'), i, n, policy);
+  if (i == n) std::cerr << "\r" << std::string(70, ' ') << "\r";
+  std::cerr.flush();
+}
+
+BenchOptions bench_options(const BenchCliOptions& o) {
   BenchOptions options;
   options.policies = split_list(o.policies);
   options.steps = o.steps;
@@ -162,16 +165,66 @@ int run_bench_command(const BenchCliOptions& o) {
   options.tolerance = Tolerance::parse(o.tolerance);
   options.check_command = "ckcheck run " + model_command_line(o.model, /*with_policy=*/false);
   if (!o.memory_budget.empty()) options.memory_budget_bytes = parse_bytes(o.memory_budget);
-  const bool bar = isatty(STDERR_FILENO) != 0;
-  options.progress = [bar](size_t i, size_t n, const std::string& policy) {
-    if (!bar) return;
-    const int width = 24;
-    const int done = n ? static_cast<int>(width * i / n) : width;
-    std::cerr << fmt::format("\r  measuring [{}{}] {}/{} {:<20}", std::string(done, '#'), std::string(width - done, '.'), i, n, policy);
-    if (i == n) std::cerr << "\r" << std::string(70, ' ') << "\r";
-    std::cerr.flush();
-  };
+  if (isatty(STDERR_FILENO) != 0) options.progress = progress_bar;
+  return options;
+}
 
+// --offload: what the peaks mean with the checkpointing policies' saved activations offloaded.
+void note_offload(BenchResult& result, const std::string& offload, bool cuda) {
+  if (offload == "off") return;
+  result.offload = offload;
+  result.offload_note =
+      cuda ? "every policy that checkpoints runs with its saved activations offloaded to pinned host memory (none "
+             "runs plain): the peaks are device memory, without those copies"
+           : "every policy that checkpoints runs with its saved activations offloaded (none runs plain); on the CPU "
+             "the copies are taken from the same memory the peaks count, so a peak shows what offloading costs here, "
+             "not what it frees -- on a GPU the peak is device memory and the copies live in host memory";
+}
+
+// A step that fails for every policy measured nothing: bad input, not a bench.
+void require_a_measurement(const BenchResult& result) {
+  std::string first_error;
+  bool any_measured = false;
+  for (const auto& p : result.policies) {
+    any_measured = any_measured || !p.measurement.step_seconds.empty() || !p.fits;
+    if (first_error.empty() && !p.measurement.error.empty() && p.fits) first_error = p.policy + ": " + p.measurement.error;
+  }
+  if (!any_measured && !first_error.empty()) {
+    throw UsageError("the model's training step fails, so nothing could be measured: " + first_error);
+  }
+}
+
+Report bench_report(const BenchCliOptions& o, const Model& model, const CheckpointChoice& checkpoint,
+                    const RunConfig& config, BenchResult result) {
+  Report report;
+  report.command = "bench";
+  report.model.name = model.name();
+  report.model.options = model.options();
+  report.model.sites = model.sites();
+  report.model.checkpoint = checkpoint.name;
+  report.model.checkpoint_reason = checkpoint.reason;
+  report.verdict = Verdict::kPass;
+  report.bench = std::move(result);
+  // The rows' values, and what the run made of the others.
+  report.config = config_options(o, bench_option_table());
+  report.config.update({{"seed", o.model.seed}, {"checkpoint", checkpoint.name}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
+                        {"threads", torch::get_num_threads()}});
+  report.reproduce = "ckcheck bench " + model_command_line(o.model, /*with_policy=*/false) + reproduce_options(o, bench_option_table());
+  return report;
+}
+
+}  // namespace
+
+int run_bench_command(const BenchCliOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.model.parallel == "off" && o.world_size > 1) {
+    throw UsageError("--world-size applies to bench --parallel ddp|fsdp (memory per rank); add --parallel or drop it");
+  }
+  const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
+  // One process: the deadline here, or in the ckcheck program that watches this one (a Python model).
+  if (o.model.parallel == "off" && o.timeout > 0 && !supervised()) arm_deadline(o.timeout);
+  if (o.threads > 0) torch::set_num_threads(o.threads);
+  const BenchOptions options = bench_options(o);
   CheckpointChoice checkpoint;
   std::unique_ptr<Model> model;
   std::unique_ptr<DataParallel> dp;
@@ -194,41 +247,9 @@ int run_bench_command(const BenchCliOptions& o) {
   auto result = group ? run_bench_per_rank(runner, split_list(o.model.sites), options, *group)
                       : run_bench(runner, split_list(o.model.sites), options);
   if (group && group->rank() != 0) return 0;  // rank 0 reports
-  if (o.model.offload != "off") {
-    result.offload = o.model.offload;
-    result.offload_note =
-        config.device.is_cuda()
-            ? "every policy that checkpoints runs with its saved activations offloaded to pinned host memory (none "
-              "runs plain): the peaks are device memory, without those copies"
-            : "every policy that checkpoints runs with its saved activations offloaded (none runs plain); on the CPU "
-              "the copies are taken from the same memory the peaks count, so a peak shows what offloading costs here, "
-              "not what it frees -- on a GPU the peak is device memory and the copies live in host memory";
-  }
-
-  Report report;
-  report.command = "bench";
-  report.model.name = model->name();
-  report.model.options = model->options();
-  report.model.sites = model->sites();
-  report.model.checkpoint = checkpoint.name;
-  report.model.checkpoint_reason = checkpoint.reason;
-  report.verdict = Verdict::kPass;
-  std::string first_error;
-  bool any_measured = false;
-  for (const auto& p : result.policies) {
-    any_measured = any_measured || !p.measurement.step_seconds.empty() || !p.fits;
-    if (first_error.empty() && !p.measurement.error.empty() && p.fits) first_error = p.policy + ": " + p.measurement.error;
-  }
-  if (!any_measured && !first_error.empty()) {
-    throw UsageError("the model's training step fails, so nothing could be measured: " + first_error);
-  }
-  report.bench = result;
-  // The rows' values, and what the run made of the others.
-  report.config = config_options(o, bench_option_table());
-  report.config.update({{"seed", o.model.seed}, {"checkpoint", checkpoint.name}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
-                        {"threads", torch::get_num_threads()}});
-  const auto cmd = "ckcheck bench " + model_command_line(o.model, /*with_policy=*/false) + reproduce_options(o, bench_option_table());
-  report.reproduce = cmd;
+  note_offload(result, o.model.offload, config.device.is_cuda());
+  require_a_measurement(result);
+  auto report = bench_report(o, *model, checkpoint, config, std::move(result));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   commit_reports(report, targets);
   return 0;

@@ -320,43 +320,43 @@ PythonModelLoader& python_loader() {
 
 void set_python_model_loader(PythonModelLoader loader) { python_loader() = std::move(loader); }
 
-std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, CheckpointChoice* chosen) {
-  set_phase("loading the model (its factory or file)");
-  CheckpointChoice ignored;
-  CheckpointChoice& choice = chosen ? *chosen : ignored;
-  const auto given = args.given_options();
-  if (is_python_model(args.model)) {
-    if (!given.empty()) {
-      throw UsageError(fmt::format("--{} is an option of the built-in models; a Python factory makes "
-                                   "its own model (inputs: --input-shape, --input-dtype, --input-range or --input)",
-                                   given.begin()->first));
-    }
-    if (!python_loader()) {
-      throw UsageError(fmt::format("--model {} is a Python model; run it as `python -m ckcheck` with the "
-                                   "ckcheck Python package installed", args.model));
-    }
-    if (world_size > 1 && args.parallel == "off") {
-      throw UsageError("a Python model trains data-parallel in PyTorch's own engines: add --parallel ddp or "
-                       "--parallel fsdp to --world-size");
-    }
-    if (args.parallel != "off" && world_size <= 1 && !std::getenv("WORLD_SIZE")) {
-      throw UsageError(fmt::format("--parallel {} trains on several ranks: add --world-size N (2 or more), or start "
-                                   "ckcheck under torchrun",
-                                   args.parallel));
-    }
-    if (args.mixed_precision != "off" && args.parallel != "fsdp") {
-      throw UsageError("--mixed-precision is FSDP2's MixedPrecisionPolicy; add --parallel fsdp (in one process, "
-                       "autocast is --amp)");
-    }
-    if (!args.sac_save.empty() && args.checkpoint != "torch-sac") {
-      throw UsageError("--sac-save is the op policy of selective checkpointing; add --checkpoint torch-sac");
-    }
-    if (!args.compile && (args.compile_mode != "default" || args.memory_budget != 1.0)) {
-      throw UsageError(fmt::format("{} applies to compiled training; add --compile",
-                                   args.compile_mode != "default" ? "--compile-mode" : "--memory-budget"));
-    }
-    return python_loader()(args, choice);
+namespace {
+
+// The options a Python model's run combines, checked before its factory runs.
+void check_python_options(const ModelArgs& args, int world_size, const std::map<std::string, std::string>& given) {
+  if (!given.empty()) {
+    throw UsageError(fmt::format("--{} is an option of the built-in models; a Python factory makes "
+                                 "its own model (inputs: --input-shape, --input-dtype, --input-range or --input)",
+                                 given.begin()->first));
   }
+  if (!python_loader()) {
+    throw UsageError(fmt::format("--model {} is a Python model; run it as `python -m ckcheck` with the "
+                                 "ckcheck Python package installed", args.model));
+  }
+  if (world_size > 1 && args.parallel == "off") {
+    throw UsageError("a Python model trains data-parallel in PyTorch's own engines: add --parallel ddp or "
+                     "--parallel fsdp to --world-size");
+  }
+  if (args.parallel != "off" && world_size <= 1 && !std::getenv("WORLD_SIZE")) {
+    throw UsageError(fmt::format("--parallel {} trains on several ranks: add --world-size N (2 or more), or start "
+                                 "ckcheck under torchrun",
+                                 args.parallel));
+  }
+  if (args.mixed_precision != "off" && args.parallel != "fsdp") {
+    throw UsageError("--mixed-precision is FSDP2's MixedPrecisionPolicy; add --parallel fsdp (in one process, "
+                     "autocast is --amp)");
+  }
+  if (!args.sac_save.empty() && args.checkpoint != "torch-sac") {
+    throw UsageError("--sac-save is the op policy of selective checkpointing; add --checkpoint torch-sac");
+  }
+  if (!args.compile && (args.compile_mode != "default" || args.memory_budget != 1.0)) {
+    throw UsageError(fmt::format("{} applies to compiled training; add --compile",
+                                 args.compile_mode != "default" ? "--compile-mode" : "--memory-budget"));
+  }
+}
+
+// What only a Python model takes, refused for a C++ or TorchScript one.
+void refuse_python_only_options(const ModelArgs& args) {
   for (const auto& [given_flag, python_only] : {std::pair<const char*, bool>{"--sac-save", !args.sac_save.empty()},
                                                 {"--offload", args.offload != "off"},
                                                 {"--parallel", args.parallel != "off"},
@@ -370,26 +370,42 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, Checkp
     throw UsageError(fmt::format("--compile applies to Python models (--model FILE.py:make_model); {} is not one",
                                  args.model));
   }
-  choice = {"ckcheck", args.checkpoint == "auto" ? "the default for C++ and TorchScript models" : "asked for"};
   if (args.checkpoint != "ckcheck" && args.checkpoint != "auto") {
     throw UsageError(fmt::format("--checkpoint {} applies to Python models (--model FILE.py:make_model); "
                                  "ckcheck checks its own checkpoint on {}", args.checkpoint, args.model));
   }
+}
+
+std::unique_ptr<Model> torchscript_model(const ModelArgs& args, const std::map<std::string, std::string>& given) {
+  if (!given.empty()) {
+    throw UsageError(fmt::format("--{} is an option of the built-in models; a TorchScript model "
+                                 "takes --input-shape, --input-dtype, --input-range or --input",
+                                 given.begin()->first));
+  }
+  TorchScriptInputs inputs;
+  inputs.random = RandomInput::parse(args.input_shape, args.input_dtype, args.input_range);
+  inputs.file = args.input_file;
+  inputs.mode = args.mode;
+  return load_torchscript_model(args.model, inputs, args.seed);
+}
+
+}  // namespace
+
+std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, CheckpointChoice* chosen) {
+  set_phase("loading the model (its factory or file)");
+  CheckpointChoice ignored;
+  CheckpointChoice& choice = chosen ? *chosen : ignored;
+  const auto given = args.given_options();
+  if (is_python_model(args.model)) {
+    check_python_options(args, world_size, given);
+    return python_loader()(args, choice);
+  }
+  refuse_python_only_options(args);
+  choice = {"ckcheck", args.checkpoint == "auto" ? "the default for C++ and TorchScript models" : "asked for"};
   bool builtin = false;
   for (const auto& spec : builtin_models()) builtin = builtin || spec.name == args.model;
   // A built-in name wins over a file of that name in the working folder (write ./NAME for the file).
-  if (!builtin && (exists(args.model) || looks_like_path(args.model))) {
-    if (!given.empty()) {
-      throw UsageError(fmt::format("--{} is an option of the built-in models; a TorchScript model "
-                                   "takes --input-shape, --input-dtype, --input-range or --input",
-                                   given.begin()->first));
-    }
-    TorchScriptInputs inputs;
-    inputs.random = RandomInput::parse(args.input_shape, args.input_dtype, args.input_range);
-    inputs.file = args.input_file;
-    inputs.mode = args.mode;
-    return load_torchscript_model(args.model, inputs, args.seed);
-  }
+  if (!builtin && (exists(args.model) || looks_like_path(args.model))) return torchscript_model(args, given);
   if (!args.torchscript_flags.empty()) {
     throw UsageError(fmt::format("{} applies to TorchScript models (--model PATH.pt), not to the "
                                  "built-in model {}",

@@ -208,12 +208,33 @@ std::unique_ptr<Check> make_check(const std::string& id) {
   return nullptr;  // not reached: require_known threw
 }
 
-std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids, bool bench) {
+namespace {
+
+bool applies(Applies when, const Situation& s) {
+  switch (when) {
+    case Applies::kAlways: return true;
+    case Applies::kWithBench: return s.bench;
+    case Applies::kWithAccumulation: return s.accumulation;
+    case Applies::kWithCompile: return s.compile;
+    case Applies::kWithOffload: return s.offload;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids, const Situation& situation) {
   auto all = builtin_checks();
   std::vector<std::unique_ptr<Check>> out;
   if (ids.empty()) {
-    for (auto& c : all) {
-      if (c->info().by_default || bench) out.push_back(std::move(c));
+    // The situation's own checks follow the others: they report on what the run adds.
+    for (const bool general : {true, false}) {
+      for (auto& c : all) {
+        if (!c) continue;  // taken in the first pass
+        const auto when = c->info().applies;
+        const bool is_general = when == Applies::kAlways || when == Applies::kWithBench;
+        if (is_general == general && applies(when, situation)) out.push_back(std::move(c));
+      }
     }
     return out;
   }

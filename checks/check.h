@@ -122,6 +122,20 @@ struct CheckKnob {
   bool min_open = false;    // min itself is not accepted
 };
 
+/// When a check runs without being named (--checks): always, or in the situation it is about.
+enum class Applies {
+  kAlways,
+  kWithBench,         // run --bench: memory and time
+  kWithAccumulation,  // run --accumulate N (N > 1)
+  kWithCompile,       // run --compile
+  kWithOffload,       // run --offload cpu
+};
+
+/// What of a run decides which checks apply (select_checks).
+struct Situation {
+  bool bench = false, accumulation = false, compile = false, offload = false;
+};
+
 /// Everything a check says about itself, in one place: its own file.
 struct CheckInfo {
   /// The four things every check states; the rest have defaults a check sets when it differs.
@@ -132,7 +146,7 @@ struct CheckInfo {
   CheckKind kind = CheckKind::kSymptom;
   int order = 0;            // place in reports and `ckcheck list` (ascending)
   std::string description;  // one line for `ckcheck list`
-  bool by_default = true;   // run without being asked (memory and overhead need --bench)
+  Applies applies = Applies::kAlways;  // when it runs without being named
   Needs needs;              // what the Runner must record for it beyond the two steps
   std::vector<CheckKnob> knobs;
   std::vector<Cause> causes;  // words this check adds to the cause vocabulary (beyond Cause::k*)
@@ -180,9 +194,10 @@ struct CheckRegistration {
 std::vector<std::unique_ptr<Check>> builtin_checks();
 /// The check with this id; throws UsageError naming the checks when there is none.
 std::unique_ptr<Check> make_check(const std::string& id);
-/// The checks with these ids (when empty: those run by default, plus memory and overhead when
-/// `bench`), in report order; throws UsageError on an unknown id.
-std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids, bool bench = false);
+/// The checks with these ids, in report order; when none are named, those that apply to the
+/// situation: the ones that always do and those of --bench, in report order, then those of
+/// accumulation, compiled training and offloading. Throws UsageError on an unknown id.
+std::vector<std::unique_ptr<Check>> select_checks(const std::vector<std::string>& ids, const Situation& situation = {});
 
 /// Ids of the checks of kind kHazard, which look for one hazard each (as opposed to the symptom
 /// checks gradients, buffers and nan).

@@ -33,7 +33,7 @@ class CompileCheck : public Check {
       CheckInfo i{"compile", CheckKind::kTraining, 140,
                   "(with --compile) the compiled plain step computes the eager one's math, and the checkpointed step "
                   "compiles into the graphs the plain one does"};
-      i.by_default = false;  // run adds it with --compile
+      i.applies = Applies::kWithCompile;
       i.causes = {kCompiledMath, kGraphBreak};
       return i;
     }();

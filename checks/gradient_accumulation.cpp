@@ -97,7 +97,7 @@ class GradientAccumulationCheck : public Check {
       CheckInfo i{"gradient-accumulation", CheckKind::kTraining, 110,
                   "with --accumulate N: N checkpointed micro-batches sum to the gradients of N plain ones, bitwise, "
                   "and every gradient hook fires once per micro-batch"};
-      i.by_default = false;  // run asks for it with --accumulate
+      i.applies = Applies::kWithAccumulation;
       i.needs.hooks = true;
       i.causes = {kAccumulatedGrad};
       return i;

@@ -11,7 +11,7 @@ class MemoryCheck : public Check {
     static const CheckInfo info = [] {
       CheckInfo i{"memory", CheckKind::kMeasurement, 80,
                   "(with --bench) checkpointing lowers the step's peak memory"};
-      i.by_default = false;
+      i.applies = Applies::kWithBench;
       i.needs.bench = true;
       return i;
     }();

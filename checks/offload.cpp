@@ -25,7 +25,7 @@ class OffloadCheck : public Check {
       CheckInfo i{"offload", CheckKind::kTraining, 145,
                   "(with --offload) the offload's saved-tensor hooks give back exactly what autograd saved: the plain "
                   "step offloaded equals the plain step"};
-      i.by_default = false;  // run adds it with --offload
+      i.applies = Applies::kWithOffload;
       i.causes = {kOffload};
       return i;
     }();

@@ -16,7 +16,7 @@ class OverheadCheck : public Check {
     static const CheckInfo info = [] {
       CheckInfo i{"overhead", CheckKind::kMeasurement, 90,
                   "(with --bench) checkpointing adds at most --max-overhead (50%) to the step time"};
-      i.by_default = false;
+      i.applies = Applies::kWithBench;
       i.needs.bench = true;
       i.knobs = {kMaxOverhead};
       return i;

@@ -47,7 +47,7 @@ int run_list(std::ostream& out) {
   for (const auto& c : builtin_checks()) {
     const auto& info = c->info();
     out << fmt::format("  {:<28} {} [{}{}]\n", c->id(), info.description, check_kind_name(info.kind),
-                       info.by_default ? "" : ", on request");
+                       info.applies == Applies::kAlways ? "" : ", on request");
     for (const auto& k : info.knobs) {
       out << fmt::format("  {:<28} --{} (default {:g}): {}\n", "", k.name, k.default_value, k.help);
     }

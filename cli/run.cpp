@@ -305,7 +305,12 @@ RunOptions default_run_options() {
 std::optional<RunSetup> set_up_run(const RunOptions& o, int& status) {
   RunSetup r;
   r.tolerance = Tolerance::parse(o.tolerance);
-  r.checks = select_checks(split_list(o.checks), o.bench);
+  Situation situation;
+  situation.bench = o.bench;
+  situation.accumulation = o.config.accumulate > 1;
+  situation.compile = o.model.compile;
+  situation.offload = o.model.offload != "off";
+  r.checks = select_checks(split_list(o.checks), situation);
   // Data-parallel: start the ranks here, or be one of them.
   r.env = rank_environment();
   const auto& env = r.env;
@@ -328,12 +333,6 @@ std::optional<RunSetup> set_up_run(const RunOptions& o, int& status) {
   if (o.config.accumulate > 1 && (o.world_size > 1 || env)) {
     throw UsageError("--accumulate runs in one process; drop --world-size (or torchrun) for it");
   }
-  // Gradient accumulation adds its own check to those run by default.
-  if (o.config.accumulate > 1 && o.checks.empty()) r.checks.push_back(make_check("gradient-accumulation"));
-  // So does compiled training.
-  if (o.model.compile && o.checks.empty()) r.checks.push_back(make_check("compile"));
-  // And offloading.
-  if (o.model.offload != "off" && o.checks.empty()) r.checks.push_back(make_check("offload"));
   if (!env && o.world_size > 1) {
     status = launch(o, *r.model, r.config);
     return std::nullopt;

@@ -1,6 +1,7 @@
 // Loops over the registries, so a new check or fixture is covered the day it is added.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "checks/check.h"
@@ -55,6 +56,33 @@ TEST(CheckRegistry, SelectFailsLoudlyOnUnknownIds) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("unknown check 'rnd'; checks: gradients, buffers"), std::string::npos) << e.what();
   }
+}
+
+std::vector<std::string> ids_of(const std::vector<std::unique_ptr<Check>>& checks) {
+  std::vector<std::string> out;
+  for (const auto& c : checks) out.push_back(c->id());
+  return out;
+}
+
+// Each check declares when it applies; the front end states the situation and names none.
+TEST(CheckRegistry, TheSituationChoosesTheChecksEachOnce) {
+  const auto plain = ids_of(select_checks({}));
+  for (const char* situational : {"memory", "overhead", "gradient-accumulation", "compile", "offload"}) {
+    EXPECT_EQ(std::count(plain.begin(), plain.end(), situational), 0) << situational;
+  }
+  Situation all;
+  all.bench = all.accumulation = all.compile = all.offload = true;
+  const auto every = ids_of(select_checks({}, all));
+  EXPECT_EQ(every.size(), builtin_checks().size());  // each once: --bench with --accumulate listed it twice
+  // The general checks (those of --bench among them) in report order, then the situation's own.
+  const std::vector<std::string> tail(every.end() - 3, every.end());
+  EXPECT_EQ(tail, (std::vector<std::string>{"gradient-accumulation", "compile", "offload"}));
+  EXPECT_LT(std::find(every.begin(), every.end(), "memory") - every.begin(),
+            std::find(every.begin(), every.end(), "hooks") - every.begin());
+  Situation compiled;
+  compiled.compile = true;
+  EXPECT_EQ(ids_of(select_checks({}, compiled)).back(), "compile");
+  EXPECT_EQ(ids_of(select_checks({"rng"}, all)), std::vector<std::string>{"rng"});  // named: only those
 }
 
 TEST(Causes, VocabularyRoundTripsAndHasHints) {

@@ -201,13 +201,13 @@ Report bench_report(const BenchCliOptions& o, const Model& model, const Checkpoi
   report.model.name = model.name();
   report.model.options = model.options();
   report.model.sites = model.sites();
-  report.model.checkpoint = checkpoint.name;
+  report.model.checkpoint = checkpoint.name();
   report.model.checkpoint_reason = checkpoint.reason;
   report.verdict = Verdict::kPass;
   report.bench = std::move(result);
   // The rows' values, and what the run made of the others.
   report.config = config_options(o, bench_option_table());
-  report.config.update({{"seed", o.model.seed}, {"checkpoint", checkpoint.name}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
+  report.config.update({{"seed", o.model.seed}, {"checkpoint", checkpoint.name()}, {"device", config.device.str()}, {"amp", amp_name(config.amp)},
                         {"threads", torch::get_num_threads()}});
   report.reproduce = "ckcheck bench " + model_command_line(o.model, /*with_policy=*/false) + reproduce_options(o, bench_option_table());
   return report;

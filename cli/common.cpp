@@ -105,7 +105,7 @@ void add_checkpoint_rows(OptionTable<ModelArgs>& t) {
                                    "op-level policy: --sac-save or the factory's context_fn) or model (the model's "
                                    "own switch); the reference is always the model without checkpoints",
                                    &ModelArgs::checkpoint)
-                  .check(CLI::IsMember({"auto", "ckcheck", "torch", "torch-reentrant", "torch-sac", "model"}))
+                  .check(CLI::IsMember(checkpoint_option_names()))
                   .config("checkpoint"));
   t.push_back(OptionRow<ModelArgs>("--compile",
                                    "train the Python model compiled (torch.compile, inductor): the eager plain step, "
@@ -346,7 +346,7 @@ void check_python_options(const ModelArgs& args, int world_size, const std::map<
     throw UsageError("--mixed-precision is FSDP2's MixedPrecisionPolicy; add --parallel fsdp (in one process, "
                      "autocast is --amp)");
   }
-  if (!args.sac_save.empty() && args.checkpoint != "torch-sac") {
+  if (!args.sac_save.empty() && args.checkpoint_kind() != CheckpointKind::kTorchSac) {
     throw UsageError("--sac-save is the op policy of selective checkpointing; add --checkpoint torch-sac");
   }
   if (!args.compile && (args.compile_mode != "default" || args.memory_budget != 1.0)) {
@@ -370,7 +370,7 @@ void refuse_python_only_options(const ModelArgs& args) {
     throw UsageError(fmt::format("--compile applies to Python models (--model FILE.py:make_model); {} is not one",
                                  args.model));
   }
-  if (args.checkpoint != "ckcheck" && args.checkpoint != "auto") {
+  if (args.checkpoint_kind() != CheckpointKind::kCkcheck && args.checkpoint_kind() != CheckpointKind::kAuto) {
     throw UsageError(fmt::format("--checkpoint {} applies to Python models (--model FILE.py:make_model); "
                                  "ckcheck checks its own checkpoint on {}", args.checkpoint, args.model));
   }
@@ -401,7 +401,8 @@ std::unique_ptr<Model> build_model(const ModelArgs& args, int world_size, Checkp
     return python_loader()(args, choice);
   }
   refuse_python_only_options(args);
-  choice = {"ckcheck", args.checkpoint == "auto" ? "the default for C++ and TorchScript models" : "asked for"};
+  choice = {CheckpointKind::kCkcheck,
+            args.checkpoint_kind() == CheckpointKind::kAuto ? "the default for C++ and TorchScript models" : "asked for"};
   bool builtin = false;
   for (const auto& spec : builtin_models()) builtin = builtin || spec.name == args.model;
   // A built-in name wins over a file of that name in the working folder (write ./NAME for the file).
@@ -428,12 +429,12 @@ RunConfig run_config(const ModelArgs& args) {
 }
 
 void fit_to_checkpoint(RunConfig& config, const CheckpointChoice& checkpoint) {
-  if (checkpoint.name == "torch-sac") config.probe_every_unit = true;
+  if (checkpoint.kind == CheckpointKind::kTorchSac) config.probe_every_unit = true;
 }
 
 ModelInfo model_info(Model& model, const Plan& plan, const CheckpointChoice& checkpoint, const RunConfig& config) {
   ModelInfo info;
-  info.checkpoint = checkpoint.name;
+  info.checkpoint = checkpoint.name();
   info.checkpoint_reason = checkpoint.reason;
   for (const auto& x : model.make_inputs(config.seed)) {
     const bool grad = x.requires_grad() || (config.input_requires_grad && x.is_floating_point());

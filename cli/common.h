@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/support/checkpoint_kind.h"
 #include "ckcheck/model.h"
 #include "cli/option_table.h"
 #include "harness/runner/plan.h"
@@ -38,6 +39,8 @@ struct ModelArgs {
   /// The checkpoint under test: auto (the model's own switch, else torch, for Python models;
   /// ckcheck for the others), ckcheck, torch, torch-reentrant, torch-sac or model (Python models).
   std::string checkpoint = "auto";
+  /// The checkpoint's kind (parsed from `checkpoint`).
+  CheckpointKind checkpoint_kind() const { return parse_checkpoint_kind(checkpoint); }
   /// Every floating-point input requires grad (default: as the model gives them).
   bool input_requires_grad = false;
   // Compiled training (Python models): torch.compile with this mode; the compiler's activation
@@ -78,8 +81,9 @@ void add_model_args(CLI::App& app, ModelArgs& args, bool with_policy = true, boo
 
 /// The checkpoint a run tests, and why that one (--checkpoint auto resolves by the model).
 struct CheckpointChoice {
-  std::string name;    // ckcheck, torch, torch-reentrant, torch-sac, model or compiler
-  std::string reason;  // one sentence
+  CheckpointKind kind = CheckpointKind::kCkcheck;  // never kAuto: resolved
+  std::string reason;                              // one sentence
+  const char* name() const { return checkpoint_kind_name(kind); }
 };
 
 /// Builds the model the arguments name (a built-in fixture, a TorchScript file or a Python

@@ -99,7 +99,7 @@ int run_plan_command(const PlanCliOptions& o) {
 
   CheckpointChoice checkpoint;
   auto model = build_model(o.model, 1, &checkpoint);
-  if (checkpoint.name == "model") {
+  if (checkpoint.kind == CheckpointKind::kModel) {
     throw UsageError("ckcheck plan chooses the sites to checkpoint, but the model's own switch checkpoints all its blocks at "
                      "once: plan with --checkpoint torch (torch.utils.checkpoint, what such switches call), then apply the "
                      "plan's sites yourself");
@@ -116,12 +116,12 @@ int run_plan_command(const PlanCliOptions& o) {
   report.model.sites = model->sites();
   report.model.candidates.clear();
   for (const auto& s : result.profile.sites) report.model.candidates.push_back(s.site);
-  report.model.checkpoint = checkpoint.name;
+  report.model.checkpoint = checkpoint.name();
   report.model.checkpoint_reason = checkpoint.reason;
   report.model.policy = result.recommendation;
   report.verdict = result.fits ? Verdict::kPass : Verdict::kFail;
   report.config = config_options(o, plan_option_table());
-  report.config.update({{"seed", o.model.seed}, {"checkpoint", checkpoint.name}, {"device", config.device.str()},
+  report.config.update({{"seed", o.model.seed}, {"checkpoint", checkpoint.name()}, {"device", config.device.str()},
                         {"amp", amp_name(config.amp)}, {"threads", torch::get_num_threads()}});
   report.reproduce = "ckcheck plan " + model_command_line(o.model, /*with_policy=*/false) + reproduce_options(o, plan_option_table());
   if (result.fits && result.recommendation != "none") {

@@ -226,8 +226,8 @@ std::optional<std::string> torch_user_hint(const Cause& cause) {
 
 }  // namespace
 
-void speak_of_the_checkpoint(const std::string& checkpoint, Report& report) {
-  if (checkpoint == "ckcheck") return;
+void speak_of_the_checkpoint(CheckpointKind checkpoint, Report& report) {
+  if (checkpoint == CheckpointKind::kCkcheck) return;
   // A check's own hint (one that is not its cause's default) already speaks of the case.
   auto rewrite = [](const Cause& cause, std::string& hint) {
     if (hint != fix_hint(cause)) return;
@@ -271,7 +271,7 @@ nlohmann::json run_report_config(const RunOptions& o, const Plan& plan, const Ru
   for (const auto& c : checks) ids.push_back(c->id());
   nlohmann::json j = config_options(o.model, model_option_table());
   j.update(config_options(o, run_option_table()));
-  j.update({{"checkpoint", checkpoint.name},
+  j.update({{"checkpoint", checkpoint.name()},
             {"checkpoint_reason", checkpoint.reason},
             {"policy", plan.policy.text()},
             {"device", config.device.str()},
@@ -356,7 +356,7 @@ std::optional<RunSetup> set_up_run(const RunOptions& o, int& status) {
   int64_t numel = 0;
   for (const auto& [name, p] : r.model->named_parameters()) numel += p.numel();
   r.identity = fmt::format("model {} ({} parameters, {} values) under the {} checkpoint, policy {} ({})",
-                           r.model->name(), r.model->named_parameters().size(), numel, r.checkpoint.name,
+                           r.model->name(), r.model->named_parameters().size(), numel, r.checkpoint.name(),
                            r.plan.policy.text(), fmt::join(r.plan.checkpointed(), " "));
   return r;
 }
@@ -414,7 +414,7 @@ std::optional<Report> run_report(const RunOptions& o, const std::string& command
     report.reproduce = run_command_line(o);
   }
   report.config = run_report_config(o, plan, runner.config(), tolerance, collective.get(), setup->checks, setup->checkpoint);
-  speak_of_the_checkpoint(setup->checkpoint.name, report);
+  speak_of_the_checkpoint(setup->checkpoint.kind, report);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

@@ -112,7 +112,7 @@ nlohmann::json run_report_config(const RunOptions& options, const Plan& plan, co
 /// Under a checkpoint other than ckcheck's (PyTorch's, or the one a model's own switch calls), a
 /// finding's or diagnosed site's default fix becomes what a torch user can do (ckcheck's names
 /// --restore-buffers, is_recomputing(), ...); hints a check wrote for the case stay.
-void speak_of_the_checkpoint(const std::string& checkpoint, Report& report);
+void speak_of_the_checkpoint(CheckpointKind checkpoint, Report& report);
 
 /// RunConfig with the protection flags applied.
 RunConfig run_config(const RunOptions& options);

@@ -110,7 +110,7 @@ std::optional<Report> selftest_report(const SelftestOptions& o, int& status) {
   report.reproduce = selftest_command_line(o);
   report.config = run_report_config(o.run, setup->plan, runner.config(), setup->tolerance, setup->collective.get(),
                                     setup->checks, setup->checkpoint);
-  speak_of_the_checkpoint(setup->checkpoint.name, report);
+  speak_of_the_checkpoint(setup->checkpoint.kind, report);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

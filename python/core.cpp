@@ -173,8 +173,7 @@ class PythonCollective : public Collective {
 
 class PythonModel : public Model, public ParallelEngine {
  public:
-  PythonModel(py::object adapter, std::string checkpoint)
-      : adapter_(std::move(adapter)), checkpoint_(std::move(checkpoint)) {
+  PythonModel(py::object adapter, CheckpointKind checkpoint) : adapter_(std::move(adapter)), checkpoint_(checkpoint) {
     name_ = adapter_.attr("name").cast<std::string>();
     sites_ = adapter_.attr("sites").cast<std::vector<std::string>>();
     default_sites_ = adapter_.attr("default_sites").cast<std::vector<std::string>>();
@@ -384,7 +383,9 @@ class PythonModel : public Model, public ParallelEngine {
   }
 
   std::string selective_problem(const std::vector<std::string>& ops) const override {
-    if ((checkpoint_ != "torch" && checkpoint_ != "torch-sac") || compiled_) return Model::selective_problem(ops);
+    if ((checkpoint_ != CheckpointKind::kTorch && checkpoint_ != CheckpointKind::kTorchSac) || compiled_) {
+      return Model::selective_problem(ops);
+    }
     IntoPython gil;
     return adapter_.attr("selective_problem")(ops).cast<std::string>();
   }
@@ -423,9 +424,9 @@ class PythonModel : public Model, public ParallelEngine {
 
   std::vector<Tensor> checkpoint_unit(const SiteFn& fn, const std::vector<Tensor>& inputs,
                                       const CheckpointOptions& o) override {
-    if (checkpoint_ == "ckcheck") return ckcheck::checkpoint(fn, inputs, o);
+    if (checkpoint_ == CheckpointKind::kCkcheck) return ckcheck::checkpoint(fn, inputs, o);
     IntoPython gil;
-    if (checkpoint_ == "model") return watch_own(fn, inputs, o);
+    if (checkpoint_ == CheckpointKind::kModel) return watch_own(fn, inputs, o);
     return torch_checkpoint(fn, inputs, o);
   }
 
@@ -457,7 +458,7 @@ class PythonModel : public Model, public ParallelEngine {
       for (const auto& a : args) xs.push_back(a.cast<Tensor>());
       return py::tuple(py::cast(observed_call(fn, xs, observer, call, (*calls)++ > 0)));
     });
-    auto ys = adapter_.attr("torch_checkpoint")(inner, inputs, checkpoint_ == "torch-reentrant", o.preserve_rng_state())
+    auto ys = adapter_.attr("torch_checkpoint")(inner, inputs, checkpoint_ == CheckpointKind::kTorchReentrant, o.preserve_rng_state())
                   .cast<std::vector<Tensor>>();
     watch_grads(ys, observer, call);
     return ys;
@@ -497,7 +498,7 @@ class PythonModel : public Model, public ParallelEngine {
   }
 
   py::object adapter_;
-  std::string checkpoint_;
+  CheckpointKind checkpoint_;
   bool compiled_ = false;
   std::string name_;
   std::vector<std::string> sites_, default_sites_;
@@ -545,8 +546,8 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
     auto adapter = py::module_::import("ckcheck._model")
                        .attr("load")(spec, args.seed, inputs, args.checkpoint, args.mode, compile, policy);
     if (given_model) adapter.attr("name") = given_model->name;
-    choice = {adapter.attr("checkpoint").cast<std::string>(), adapter.attr("checkpoint_reason").cast<std::string>()};
-    return std::make_unique<PythonModel>(adapter, choice.name);
+    choice = {adapter.attr("checkpoint").cast<CheckpointKind>(), adapter.attr("checkpoint_reason").cast<std::string>()};
+    return std::make_unique<PythonModel>(adapter, choice.kind);
   } catch (py::error_already_set& e) {
     if (given_model) throw UsageError(fmt::format("model {}: {}", given_model->name, one_line(e)));
     throw UsageError(fmt::format("--model {}: {}", args.model, one_line(e)));
@@ -820,6 +821,25 @@ py::tuple selftest(py::object factory, const std::string& name, const py::dict& 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ckcheck's C++ core: the runner, checks and reports, for eager PyTorch models";
   ckcheck::python::install_hooks();
+  // The checkpoint under test, one vocabulary for C++ and Python (harness/support/checkpoint_kind.h).
+  py::enum_<ckcheck::CheckpointKind>(m, "CheckpointKind", "The checkpoint under test (--checkpoint), as a kind.")
+      .value("auto", ckcheck::CheckpointKind::kAuto)
+      .value("ckcheck", ckcheck::CheckpointKind::kCkcheck)
+      .value("torch", ckcheck::CheckpointKind::kTorch)
+      .value("torch_reentrant", ckcheck::CheckpointKind::kTorchReentrant)
+      .value("torch_sac", ckcheck::CheckpointKind::kTorchSac)
+      .value("model", ckcheck::CheckpointKind::kModel)
+      .value("compiler", ckcheck::CheckpointKind::kCompiler)
+      .def_property_readonly("text", [](ckcheck::CheckpointKind k) { return std::string(ckcheck::checkpoint_kind_name(k)); },
+                             "Its name, as --checkpoint spells it (torch-reentrant).")
+      .def_static("parse", [](const std::string& name) {
+        for (auto k : {ckcheck::CheckpointKind::kAuto, ckcheck::CheckpointKind::kCkcheck, ckcheck::CheckpointKind::kTorch,
+                       ckcheck::CheckpointKind::kTorchReentrant, ckcheck::CheckpointKind::kTorchSac,
+                       ckcheck::CheckpointKind::kModel, ckcheck::CheckpointKind::kCompiler}) {
+          if (name == ckcheck::checkpoint_kind_name(k)) return k;
+        }
+        throw py::value_error("unknown checkpoint '" + name + "'");
+      }, py::arg("name"), "The kind a --checkpoint name gives.");
   m.def("set_status_fd", &ckcheck::set_status_fd, py::arg("fd"),
         "Tells a supervising ckcheck program, through this file descriptor, the phase of the run.");
   m.def("cli_main", &ckcheck::python::cli_main, py::arg("argv"),

@@ -25,6 +25,7 @@ import types
 import torch
 
 from ckcheck import _base
+from ckcheck._core import CheckpointKind as Kind
 
 # The relative difference, against the tensor's largest magnitude, within which the compiled plain
 # step counts as the eager one's math (fp32). Measured on this project's models (docs/compile.md):
@@ -143,7 +144,7 @@ class _Graphs:
 class Compiler:
     """The compiled steps of one adapter's model."""
 
-    def __init__(self, adapter, mode: str, budget: float, checkpoint: str):
+    def __init__(self, adapter, mode: str, budget: float, checkpoint: Kind):
         self.adapter = adapter
         self.mode = mode
         self.budget = budget
@@ -236,7 +237,7 @@ class Compiler:
         policy: no module checkpoints)."""
         if budget is not None:
             return ("budget", float(budget))
-        if self.checkpoint in ("torch", "torch-reentrant"):
+        if self.checkpoint in (Kind.torch, Kind.torch_reentrant):
             return ("sites", tuple(sorted(sites))) if sites else ("plain",)
         return ("checkpointed",) if checkpointing else ("plain",)
 
@@ -244,7 +245,7 @@ class Compiler:
         """Puts the model in the state the variant trains in: checkpoint wrappers on its sites, or
         the model's own switch on or off."""
         adapter = self.adapter
-        if self.checkpoint in ("torch", "torch-reentrant"):
+        if self.checkpoint in (Kind.torch, Kind.torch_reentrant):
             sites = set(key[1]) if key[0] == "sites" else set()
             for path, (wrapper, own) in self._wrappers.items():
                 module = adapter._paths[path]
@@ -257,9 +258,9 @@ class Compiler:
                 module = adapter._paths[path]
                 if path not in self._wrappers:
                     own = vars(module).get("forward")  # a forward the user set on the instance
-                    self._wrappers[path] = (_checkpointed(module.forward, self.checkpoint == "torch-reentrant"), own)
+                    self._wrappers[path] = (_checkpointed(module.forward, self.checkpoint == Kind.torch_reentrant), own)
                 module.forward = self._wrappers[path][0]
-        elif self.checkpoint == "model":
+        elif self.checkpoint == Kind.model:
             (adapter._enable if key[0] == "checkpointed" else adapter._disable)()
 
     def _budget_of(self, key) -> float:
@@ -360,7 +361,7 @@ class Compiler:
         return {
             "mode": self.mode,
             "memory_budget": float(self.budget),
-            "whole_graph": self.checkpoint not in ("torch", "torch-reentrant"),
+            "whole_graph": self.checkpoint not in (Kind.torch, Kind.torch_reentrant),
             "compile_seconds": sum(g.seconds for g in self.graphs.values()),
             "plain_graphs": plain.forward,
             "checkpointed_graphs": last.forward,

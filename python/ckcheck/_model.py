@@ -30,6 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ckcheck import _float64, _parallel
+from ckcheck._core import CheckpointKind as Kind
 from ckcheck._base import (SetupError, UsageError, _apply_loss, _failure, _first_line,  # noqa: F401
                            _projection, one_step, relative_difference)
 
@@ -299,30 +300,32 @@ def choose_checkpoint(asked, switch, compile_opts=None, context_fn=None):
     """The checkpoint under test and why: what was asked for, or with `auto` the model's own
     switch when it has one (what its users train with), else PyTorch's non-reentrant checkpoint
     (what PyTorch recommends). Compiled with a memory budget below 1 and `auto`, the budget alone
-    ("compiler": the compiler decides what its backward recomputes)."""
+    ("compiler": the compiler decides what its backward recomputes). `asked` is a name or a Kind; the
+    checkpoint returned is a Kind."""
+    asked = asked if isinstance(asked, Kind) else Kind.parse(asked)
     if compile_opts is not None:
-        if asked == "ckcheck":
+        if asked == Kind.ckcheck:
             raise UsageError("--checkpoint ckcheck cannot run inside a compiled graph (it is a C++ autograd "
                              "function); with --compile use torch, torch-reentrant or model")
-        if asked == "torch-sac":
+        if asked == Kind.torch_sac:
             raise UsageError("--checkpoint torch-sac is checked in eager training; with --compile use torch, "
                              "torch-reentrant, model or --memory-budget (the compiler's own selective recompute)")
         budget = compile_opts.get("memory_budget", 1.0)
-        if asked == "auto" and budget < 1.0:
-            return "compiler", (f"the compiler's activation memory budget {budget:g} decides what the compiled "
+        if asked == Kind.auto and budget < 1.0:
+            return Kind.compiler, (f"the compiler's activation memory budget {budget:g} decides what the compiled "
                                 "backward recomputes; no module checkpoints")
-    if asked == "model" and switch is None:
+    if asked == Kind.model and switch is None:
         raise UsageError("--checkpoint model needs the model's own switch: the module has no "
                          "gradient_checkpointing_enable()/_disable() or set_grad_checkpointing(); return "
                          "'enable' and 'disable' callables from the factory, or use --checkpoint torch")
-    if asked != "auto":
+    if asked != Kind.auto:
         return asked, "asked for"
     if switch is not None:
-        return "model", f"the model's own switch, {switch[2]}: what its users train with"
+        return Kind.model, f"the model's own switch, {switch[2]}: what its users train with"
     if context_fn is not None and compile_opts is None:
-        return "torch-sac", ("the factory's context_fn: torch.utils.checkpoint (use_reentrant=False) around its "
+        return Kind.torch_sac, ("the factory's context_fn: torch.utils.checkpoint (use_reentrant=False) around its "
                              "blocks with that op-level policy, as its training runs them")
-    return "torch", ("the model has no checkpointing switch of its own: torch.utils.checkpoint "
+    return Kind.torch, ("the model has no checkpointing switch of its own: torch.utils.checkpoint "
                      "(use_reentrant=False, what PyTorch recommends) around its blocks")
 
 
@@ -344,7 +347,7 @@ def selective_context(checkpoint, sac_save, factory_context_fn):
     """--checkpoint torch-sac: the context_fn torch.utils.checkpoint gets -- the ops --sac-save names
     are saved (MUST_SAVE), every other op recomputed (PREFER_RECOMPUTE); or the factory's own
     context_fn. None for every other checkpoint."""
-    if checkpoint != "torch-sac":
+    if checkpoint != Kind.torch_sac:
         return None
     ops = [o.strip() for o in sac_save.split(",") if o.strip()] if sac_save else []
     if ops and factory_context_fn is not None:
@@ -616,19 +619,19 @@ class ModelAdapter:
         if not self._in_idx:
             raise UsageError("the model's inputs hold no tensor")
         self._enable, self._disable = (switch[0], switch[1]) if switch else (None, None)
-        if checkpoint == "model" and switch is None:
+        if checkpoint == Kind.model and switch is None:
             choose_checkpoint(checkpoint, switch)  # raises: no switch to test
         self._wrap_modules()
         self._switch_attrs = set()
         self._switch_before = []
-        if checkpoint == "model":
+        if checkpoint == Kind.model:
             self._switch_attrs = self._attributes_the_switch_sets()
         start = self.snapshot()
         try:
             self.sites, self.default_sites = self._discover()
         finally:
             self.restore(start)
-        if checkpoint != "ckcheck":
+        if checkpoint != Kind.ckcheck:
             # torch.utils.checkpoint imports torch's compiler (torch._dynamo) on its first call: a
             # one-time cost the user's own training pays at its first checkpointed step, seconds on
             # a small CPU. Paid here, while loading, it is not counted as the check's cost.
@@ -888,7 +891,7 @@ class ModelAdapter:
         """What the checkpoint tap hands to torch's checkpoint in place of `function`: the same
         function, which under --checkpoint model goes through the runner as the unit it stands for
         (so its forward and its recompute are watched); as it is otherwise."""
-        if self.checkpoint != "model":
+        if self.checkpoint != Kind.model:
             return function
         module = _unit_module(function)
         path = self._names.get(id(module)) if module is not None else None
@@ -961,7 +964,7 @@ class ModelAdapter:
                 seen.add(path)
                 called.append(path)
 
-        if self.checkpoint == "model":
+        if self.checkpoint == Kind.model:
             own = self._own_sites(called, record)
             return called + [u for u in own if u not in called], own
         self._recording = record
@@ -1100,13 +1103,13 @@ class ModelAdapter:
     def selective_problem(self, ops):
         """Why the ops of a sac:OPS policy cannot be saved ("" when they can)."""
         try:
-            selective_context("torch-sac", ",".join(ops), None)
+            selective_context(Kind.torch_sac, ",".join(ops), None)
         except UsageError as e:
             return str(e)
         return ""
 
     def site_problem(self, site):
-        if self.checkpoint == "model" and site not in self.default_sites:
+        if self.checkpoint == Kind.model and site not in self.default_sites:
             return ("with --checkpoint model the model decides where checkpoints go; it checkpoints "
                     + ", ".join(self.default_sites))
         return ""
@@ -1134,7 +1137,7 @@ class ModelAdapter:
         a, k = self.arguments(tensors)
         # A sac:OPS policy (bench, plan): its op-level contexts in place of the checkpoint's own.
         if sac and sac not in self._policy_contexts:
-            self._policy_contexts[sac] = selective_context("torch-sac", sac, None)
+            self._policy_contexts[sac] = selective_context(Kind.torch_sac, sac, None)
         self._step_context_fn = self._policy_contexts.get(sac) if sac else None
         if self._compiler is not None:
             # Compiled: the checkpoints are applied inside the compiled graph, where no call reaches
@@ -1143,7 +1146,7 @@ class ModelAdapter:
             if self.loss is not None:
                 out = _apply_loss(self.loss, out)
             return self._outputs(out)
-        own = self.checkpoint == "model"
+        own = self.checkpoint == Kind.model
         if own:
             (self._enable if checkpointing else self._disable)()
             self._switch_on = checkpointing

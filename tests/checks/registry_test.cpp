@@ -8,6 +8,7 @@
 #include "cli/app.h"
 #include "fixtures/registry.h"
 #include "harness/runner/runner.h"
+#include "harness/support/checkpoint_kind.h"
 #include "harness/support/errors.h"
 #include "tests/support/run_case.h"
 
@@ -83,6 +84,14 @@ TEST(CheckRegistry, TheSituationChoosesTheChecksEachOnce) {
   compiled.compile = true;
   EXPECT_EQ(ids_of(select_checks({}, compiled)).back(), "compile");
   EXPECT_EQ(ids_of(select_checks({"rng"}, all)), std::vector<std::string>{"rng"});  // named: only those
+}
+
+TEST(CheckpointKinds, NamesRoundTripAndAnUnknownOneIsRefused) {
+  const auto names = checkpoint_option_names();
+  for (const auto& name : names) EXPECT_EQ(checkpoint_kind_name(parse_checkpoint_kind(name)), name);
+  EXPECT_EQ(parse_checkpoint_kind("compiler"), CheckpointKind::kCompiler);  // resolved to, never asked for
+  EXPECT_EQ(std::count(names.begin(), names.end(), "compiler"), 0);
+  EXPECT_THROW(parse_checkpoint_kind("torch_reentrant"), UsageError);
 }
 
 TEST(Causes, VocabularyRoundTripsAndHasHints) {

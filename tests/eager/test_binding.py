@@ -29,6 +29,16 @@ def _without_redirection(call):
     return result
 
 
+def test_the_checkpoint_kind_is_one_vocabulary_for_cpp_and_python():
+    from ckcheck._core import CheckpointKind
+
+    for name in ("auto", "ckcheck", "torch", "torch-reentrant", "torch-sac", "model", "compiler"):
+        assert CheckpointKind.parse(name).text == name
+    assert CheckpointKind.parse("torch-reentrant") == CheckpointKind.torch_reentrant
+    with pytest.raises(ValueError):
+        CheckpointKind.parse("torch_reentrant")
+
+
 def test_run_makes_no_file_and_leaves_stdout_alone(tmp_path, monkeypatch, capfd):
     model, x = twin("faulty_stateful_counter")
     work, temp = tmp_path / "work", tmp_path / "temp"

@@ -102,8 +102,10 @@ void add_checkpoint_rows(OptionTable<ModelArgs>& t) {
                                    "the factory's enable/disable --, else torch; ckcheck for the others), ckcheck "
                                    "(ckcheck's own, every model), and for Python models torch (torch.utils.checkpoint, "
                                    "use_reentrant=False), torch-reentrant (use_reentrant=True), torch-sac (non-reentrant with an "
-                                   "op-level policy: --sac-save or the factory's context_fn) or model (the model's "
-                                   "own switch); the reference is always the model without checkpoints",
+                                   "op-level policy: --sac-save or the factory's context_fn), torch-wrapper (PyTorch's "
+                                   "checkpoint_wrapper around each unit, as apply_activation_checkpointing applies it) "
+                                   "or model (the model's own switch); the reference is always the model without "
+                                   "checkpoints",
                                    &ModelArgs::checkpoint)
                   .check(CLI::IsMember(checkpoint_option_names()))
                   .config("checkpoint"));

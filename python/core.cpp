@@ -828,18 +828,18 @@ PYBIND11_MODULE(_core, m) {
       .value("torch", ckcheck::CheckpointKind::kTorch)
       .value("torch_reentrant", ckcheck::CheckpointKind::kTorchReentrant)
       .value("torch_sac", ckcheck::CheckpointKind::kTorchSac)
+      .value("torch_wrapper", ckcheck::CheckpointKind::kTorchWrapper)
       .value("model", ckcheck::CheckpointKind::kModel)
       .value("compiler", ckcheck::CheckpointKind::kCompiler)
       .def_property_readonly("text", [](ckcheck::CheckpointKind k) { return std::string(ckcheck::checkpoint_kind_name(k)); },
                              "Its name, as --checkpoint spells it (torch-reentrant).")
       .def_static("parse", [](const std::string& name) {
-        for (auto k : {ckcheck::CheckpointKind::kAuto, ckcheck::CheckpointKind::kCkcheck, ckcheck::CheckpointKind::kTorch,
-                       ckcheck::CheckpointKind::kTorchReentrant, ckcheck::CheckpointKind::kTorchSac,
-                       ckcheck::CheckpointKind::kModel, ckcheck::CheckpointKind::kCompiler}) {
-          if (name == ckcheck::checkpoint_kind_name(k)) return k;
+        try {
+          return ckcheck::parse_checkpoint_kind(name);
+        } catch (const ckcheck::UsageError& e) {
+          throw py::value_error(e.what());
         }
-        throw py::value_error("unknown checkpoint '" + name + "'");
-      }, py::arg("name"), "The kind a --checkpoint name gives.");
+      }, py::arg("name"), "The kind a --checkpoint name gives (ValueError for another).");
   m.def("set_status_fd", &ckcheck::set_status_fd, py::arg("fd"),
         "Tells a supervising ckcheck program, through this file descriptor, the phase of the run.");
   m.def("cli_main", &ckcheck::python::cli_main, py::arg("argv"),

@@ -13,7 +13,8 @@ namespace {
 constexpr std::pair<CheckpointKind, const char*> kNames[] = {
     {CheckpointKind::kAuto, "auto"},       {CheckpointKind::kCkcheck, "ckcheck"},
     {CheckpointKind::kTorch, "torch"},     {CheckpointKind::kTorchReentrant, "torch-reentrant"},
-    {CheckpointKind::kTorchSac, "torch-sac"}, {CheckpointKind::kModel, "model"},
+    {CheckpointKind::kTorchSac, "torch-sac"}, {CheckpointKind::kTorchWrapper, "torch-wrapper"},
+    {CheckpointKind::kModel, "model"},
     {CheckpointKind::kCompiler, "compiler"},
 };
 

@@ -13,6 +13,7 @@ enum class CheckpointKind {
   kTorch,           // torch.utils.checkpoint, use_reentrant=False
   kTorchReentrant,  // torch.utils.checkpoint, use_reentrant=True
   kTorchSac,        // non-reentrant with an op-level policy (selective activation checkpointing)
+  kTorchWrapper,    // PyTorch's checkpoint_wrapper around each unit, as apply_activation_checkpointing applies it
   kModel,           // the model's own switch (gradient_checkpointing_enable() and its kind)
   kCompiler,        // no module checkpoints: the compiler's recompute under --compile --memory-budget
 };

@@ -307,8 +307,8 @@ def choose_checkpoint(asked, switch, compile_opts=None, context_fn=None):
         if asked == Kind.ckcheck:
             raise UsageError("--checkpoint ckcheck cannot run inside a compiled graph (it is a C++ autograd "
                              "function); with --compile use torch, torch-reentrant or model")
-        if asked == Kind.torch_sac:
-            raise UsageError("--checkpoint torch-sac is checked in eager training; with --compile use torch, "
+        if asked in (Kind.torch_sac, Kind.torch_wrapper):
+            raise UsageError(f"--checkpoint {asked.text} is checked in eager training; with --compile use torch, "
                              "torch-reentrant, model or --memory-budget (the compiler's own selective recompute)")
         budget = compile_opts.get("memory_budget", 1.0)
         if asked == Kind.auto and budget < 1.0:
@@ -327,6 +327,27 @@ def choose_checkpoint(asked, switch, compile_opts=None, context_fn=None):
                              "blocks with that op-level policy, as its training runs them")
     return Kind.torch, ("the model has no checkpointing switch of its own: torch.utils.checkpoint "
                      "(use_reentrant=False, what PyTorch recommends) around its blocks")
+
+
+class _Unit(torch.nn.Module):
+    """A checkpointed unit's call as a module, for PyTorch's checkpoint_wrapper to wrap."""
+
+    def __init__(self, call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, *args, **kwargs):
+        return self.call(*args, **kwargs)
+
+
+def _wrapped(call, preserve_rng_state):
+    """--checkpoint torch-wrapper: the unit's call inside PyTorch's checkpoint_wrapper (non-reentrant),
+    the module apply_activation_checkpointing puts in place of each block (FSDP and torchtitan-style
+    training)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    return checkpoint_wrapper(_Unit(call), checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                              preserve_rng_state=preserve_rng_state)
 
 
 def _sac_op(text):
@@ -1090,7 +1111,9 @@ class ModelAdapter:
 
         a, k = call.args, call.kwargs
         with tc.set_checkpoint_early_stop(False):
-            if reentrant:
+            if self.checkpoint == Kind.torch_wrapper:
+                out = _wrapped(structured, preserve_rng_state)(*a, **k)
+            elif reentrant:
                 out = tc.checkpoint(functools.partial(structured, **k), *a, use_reentrant=True,
                                     preserve_rng_state=preserve_rng_state)
             else:

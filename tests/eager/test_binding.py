@@ -32,8 +32,8 @@ def _without_redirection(call):
 def test_the_checkpoint_kind_is_one_vocabulary_for_cpp_and_python():
     from ckcheck._core import CheckpointKind
 
-    for name in ("auto", "ckcheck", "torch", "torch-reentrant", "torch-sac", "model", "compiler"):
-        assert CheckpointKind.parse(name).text == name
+    for kind in CheckpointKind.__members__.values():
+        assert CheckpointKind.parse(kind.text) == kind
     assert CheckpointKind.parse("torch-reentrant") == CheckpointKind.torch_reentrant
     with pytest.raises(ValueError):
         CheckpointKind.parse("torch_reentrant")

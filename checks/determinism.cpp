@@ -83,74 +83,88 @@ class DeterminismCheck : public Check {
     if (!ctx.records.probes) {
       return skipped(id(), "the determinism probe did not run");
     }
-    bool failed = false;
-    size_t probed = 0;
-    size_t host_drawn = 0;  // units left to the rng check: they draw from generators outside torch
-    std::string probe_error;  // a probe that could not run is no evidence of non-determinism
-    for (const auto& p : *ctx.records.probes) {
-      ++probed;
-      if (!p.error.empty()) {
-        if (probe_error.empty()) probe_error = fmt::format("{}: {}", p.site, first_line(p.error));
-        continue;
-      }
-      if (p.repeat_equal) continue;
-      // Private generators are the rng check's to report: the repeat draws other numbers.
-      if (p.private_generator) continue;
-      // So are generators outside torch (Python's, NumPy's), when they alone explain the repeat.
-      if (!host_generator_draws(&p).empty()) {
-        --probed;
-        ++host_drawn;
-        continue;
-      }
-      if (!p.restart_equal) {
-        bool within = false;
-        add_finding(r, non_deterministic_finding(ctx, p, within));
-        if (!within) failed = true;
-        if (within && r.status == Status::kPass) r.status = Status::kWarn;
-      } else {
-        add_finding(r, stateful_finding(p));
-        failed = true;
-      }
-    }
+    const auto tally = judge_probes(ctx, r);
     // A unit that computes something else in its recompute fails the check when the step shows it;
     // when every tensor of the checkpointed step still equals the plain step's, the recompute's
     // difference reached nothing (no saved tensor, no gradient, no state) and it warns.
-    if (failed) r.status = checkpointed_step_unchanged(ctx) ? Status::kWarn : Status::kFail;
-    if (r.findings.empty() && !probe_error.empty()) {
-      return skipped(id(), "the probe could not run the checkpointed units again (" + probe_error + ")");
+    if (tally.failed) r.status = checkpointed_step_unchanged(ctx) ? Status::kWarn : Status::kFail;
+    if (r.findings.empty() && !tally.probe_error.empty()) {
+      return skipped(id(), "the probe could not run the checkpointed units again (" + tally.probe_error + ")");
     }
     const size_t reproduced = ctx.records.reproduced_units.size();
-    if (probed == 0 && reproduced == 0 && host_drawn == 0 && !ctx.plan.units.empty()) {
+    if (tally.probed == 0 && reproduced == 0 && tally.host_drawn == 0 && !ctx.plan.units.empty()) {
       // Units the probe cannot call on their own (closures a model hands to its own checkpoint)
       // are not evidence of determinism.
       return skipped(id(), fmt::format("the probe could not run any of the {} again on its own",
                                        count_of(ctx.plan.units.size(), "checkpointed unit")));
     }
     if (r.findings.empty()) {
-      // A unit whose recompute reproduced its forward bitwise was run twice on identical inputs
-      // already: the probe runs only where a recompute differed (--probe-every-unit: everywhere).
-      const std::string again = count_of(reproduced, "checkpointed unit") +
-                                (reproduced == 1 ? " reproduces its forward" : " reproduce their forwards") +
-                                " bitwise in the recompute";
-      if (host_drawn > 0) {
-        r.summary = fmt::format("{} from generators outside torch (the rng check's to report)",
-                                count_of(host_drawn, "checkpointed unit") + (host_drawn == 1 ? " draws" : " draw"));
-        if (probed > 0) r.summary += fmt::format("; {} probed repeat identically", count_of(probed, "other unit"));
-        if (reproduced > 0) r.summary += "; " + again;
-      } else if (probed == 0 && reproduced == 0) {
-        r.summary = "nothing is checkpointed";
-      } else if (reproduced == 0) {
-        r.summary = fmt::format("{} repeat identically", count_of(probed, "checkpointed unit"));
-      } else if (probed == 0) {
-        r.summary = again;
-      } else {
-        r.summary = fmt::format("{}; {} probed repeat identically", again, count_of(probed, "other unit"));
-      }
+      r.summary = repeat_summary(tally, reproduced);
     } else {
       r.summary = fmt::format("{} not repeat identically", count_of(r.findings.size(), "unit") + (r.findings.size() == 1 ? " does" : " do"));
-      if (failed && r.status == Status::kWarn) r.summary += "; the checkpointed step still equals the plain one";
+      if (tally.failed && r.status == Status::kWarn) r.summary += "; the checkpointed step still equals the plain one";
     }
     return r;
+  }
+
+ private:
+  struct Tally {
+    bool failed = false;
+    size_t probed = 0;
+    size_t host_drawn = 0;    // units left to the rng check: they draw from generators outside torch
+    std::string probe_error;  // a probe that could not run is no evidence of non-determinism
+  };
+
+  // Each probed unit that did not repeat: a finding (non-deterministic, or stateful), unless the
+  // rng check explains it.
+  static Tally judge_probes(const CheckContext& ctx, CheckResult& r) {
+    Tally tally;
+    for (const auto& p : *ctx.records.probes) {
+      ++tally.probed;
+      if (!p.error.empty()) {
+        if (tally.probe_error.empty()) tally.probe_error = fmt::format("{}: {}", p.site, first_line(p.error));
+        continue;
+      }
+      // Private generators are the rng check's to report: the repeat draws other numbers.
+      if (p.repeat_equal || p.private_generator) continue;
+      // So are generators outside torch (Python's, NumPy's), when they alone explain the repeat.
+      if (!host_generator_draws(&p).empty()) {
+        --tally.probed;
+        ++tally.host_drawn;
+        continue;
+      }
+      if (!p.restart_equal) {
+        bool within = false;
+        add_finding(r, non_deterministic_finding(ctx, p, within));
+        if (!within) tally.failed = true;
+        if (within && r.status == Status::kPass) r.status = Status::kWarn;
+      } else {
+        add_finding(r, stateful_finding(p));
+        tally.failed = true;
+      }
+    }
+    return tally;
+  }
+
+  // Every unit repeated: how many were probed, reproduced in the recompute, or left to rng.
+  static std::string repeat_summary(const Tally& tally, size_t reproduced) {
+    // A unit whose recompute reproduced its forward bitwise was run twice on identical inputs
+    // already: the probe runs only where a recompute differed (--probe-every-unit: everywhere).
+    const std::string again = count_of(reproduced, "checkpointed unit") +
+                              (reproduced == 1 ? " reproduces its forward" : " reproduce their forwards") +
+                              " bitwise in the recompute";
+    const size_t probed = tally.probed;
+    if (tally.host_drawn > 0) {
+      std::string s = fmt::format("{} from generators outside torch (the rng check's to report)",
+                                  count_of(tally.host_drawn, "checkpointed unit") + (tally.host_drawn == 1 ? " draws" : " draw"));
+      if (probed > 0) s += fmt::format("; {} probed repeat identically", count_of(probed, "other unit"));
+      if (reproduced > 0) s += "; " + again;
+      return s;
+    }
+    if (probed == 0 && reproduced == 0) return "nothing is checkpointed";
+    if (reproduced == 0) return fmt::format("{} repeat identically", count_of(probed, "checkpointed unit"));
+    if (probed == 0) return again;
+    return fmt::format("{}; {} probed repeat identically", again, count_of(probed, "other unit"));
   }
 };
 

@@ -37,28 +37,10 @@ class DataParallelCheck : public Check {
     if (!dp || !ctx.records.single_process) {
       return skipped(id(), "a single process (--world-size 1)");
     }
-    // Random numbers anywhere in the step (not only in checkpointed sites: under --policy none
-    // there are none).
-    bool draws = ctx.records.reference.forward_draws || ctx.records.checkpointed.forward_draws;
-    for (const auto& c : ctx.records.checkpointed.calls) draws = draws || c.rng_consumed || !c.forward_draws.empty();
-    if (ctx.records.probes) {
-      for (const auto& p : *ctx.records.probes) draws = draws || p.rng_consumed || !p.random_ops.empty();
-    }
-    if (draws) {
+    if (draws_random_numbers(ctx)) {
       return skipped(id(), "the model draws random numbers: per-rank streams cannot reproduce one process's draws");
     }
-    // Under autocast the products are rounded to bf16 or fp16, where the ranks' and the whole
-    // batch's rows are summed in other groupings: differences of a few units in the last place of
-    // the gradient's largest values, so the bound is relative to those.
-    // FSDP2's mixed precision computes the whole step in bf16 or fp16 alike, against a float32
-    // process.
-    const std::string mixed = dp->engine() ? dp->engine()->engine_mixed_precision() : "off";
-    const std::string precision = mixed != "off" ? mixed : ctx.config.amp == Amp::kOff ? "off" : amp_name(ctx.config.amp);
-    const double amp_eps = precision == "bf16" ? 0.0078125 : precision == "fp16" ? 0.0009765625 : 0.0;
-    const std::string tolerance_text =
-        amp_eps > 0 ? fmt::format("rtol={:g},atol={:g} x the largest whole-batch value ({} {})", 4 * amp_eps,
-                                  4 * amp_eps, mixed != "off" ? "mixed precision" : "autocast", precision)
-                    : kTolerance;
+    const auto bound = bound_of(ctx, *dp);
     const auto& alone = *ctx.records.single_process;
     if (!alone.error.empty()) {
       return errored(id(), "the single-process step failed: " + alone.error);
@@ -69,30 +51,9 @@ class DataParallelCheck : public Check {
       const auto* whole = alone.find(t.name, t.kind, t.step);
       if (!whole || !whole->value.defined() || !t.value.defined()) continue;
       ++compared;
-      const auto expected = whole->value / dp->world_size();
-      auto tol = Tolerance::parse(kTolerance);
-      if (amp_eps > 0) {
-        tol.rtol = 4 * amp_eps;
-        tol.atol = 4 * amp_eps * expected.abs().max().item<double>();
-      } else if (t.step > 1) {
-        // After the first update the parameters carry that step's rounding too: the bound grows
-        // with the gradient's largest value.
-        tol.atol = std::max(tol.atol, kLaterSteps * expected.abs().max().item<double>());
-      }
-      auto d = compare_tensors(expected, t.value, tol);
-      if (d.equal) continue;
-      Finding f;
-      f.cause = Cause::kNonDeterministic;
-      f.site = owning_unit(ctx.plan, t.name);
-      f.tensor = t.name;
-      f.details = diff_json(d);
-      f.message = fmt::format("the gradient of {} averaged over {} ranks differs from the whole-batch "
-                              "gradient by up to {:.3g} (relative {:.3g}), beyond {}",
-                              t.name, dp->world_size(), d.max_abs, d.max_rel, tolerance_text);
-      f.hint = "check that every rank gets its own shard of one global batch and that gradients are averaged";
-      add_finding(r, f);
+      if (auto f = averaged_gradient_differs(ctx, *dp, bound, t, whole->value)) add_finding(r, *f);
     }
-    r.details = {{"tolerance", tolerance_text},
+    r.details = {{"tolerance", bound.text},
                  {"tolerance_reason", "float32 sums regrouped per rank then all-reduced differ from one sum by about n*eps of the "
                                       "magnitudes; after step 1, atol is at least 64 eps x the largest whole-batch value, as "
                                       "the updated parameters carry the first step's rounding"},
@@ -102,9 +63,67 @@ class DataParallelCheck : public Check {
       r.summary = fmt::format("{} differ from the single-process step", count_of(r.findings.size(), "parameter gradient"));
     } else {
       r.summary = fmt::format("{} averaged over {} ranks equal the single-process step within {}",
-                              count_of(compared, "parameter gradient"), dp->world_size(), tolerance_text);
+                              count_of(compared, "parameter gradient"), dp->world_size(), bound.text);
     }
     return r;
+  }
+
+ private:
+  // Random numbers anywhere in the step (not only in checkpointed sites: under --policy none
+  // there are none).
+  static bool draws_random_numbers(const CheckContext& ctx) {
+    bool draws = ctx.records.reference.forward_draws || ctx.records.checkpointed.forward_draws;
+    for (const auto& c : ctx.records.checkpointed.calls) draws = draws || c.rng_consumed || !c.forward_draws.empty();
+    if (ctx.records.probes) {
+      for (const auto& p : *ctx.records.probes) draws = draws || p.rng_consumed || !p.random_ops.empty();
+    }
+    return draws;
+  }
+
+  struct Bound {
+    double amp_eps = 0.0;  // the precision's epsilon under autocast or mixed precision (0: float32)
+    std::string text;
+  };
+
+  // Under autocast the products are rounded to bf16 or fp16, where the ranks' and the whole
+  // batch's rows are summed in other groupings: differences of a few units in the last place of
+  // the gradient's largest values, so the bound is relative to those. FSDP2's mixed precision
+  // computes the whole step in bf16 or fp16 alike, against a float32 process.
+  static Bound bound_of(const CheckContext& ctx, const DataParallel& dp) {
+    const std::string mixed = dp.engine() ? dp.engine()->engine_mixed_precision() : "off";
+    const std::string precision = mixed != "off" ? mixed : ctx.config.amp == Amp::kOff ? "off" : amp_name(ctx.config.amp);
+    Bound b;
+    b.amp_eps = precision == "bf16" ? 0.0078125 : precision == "fp16" ? 0.0009765625 : 0.0;
+    b.text = b.amp_eps > 0 ? fmt::format("rtol={:g},atol={:g} x the largest whole-batch value ({} {})", 4 * b.amp_eps,
+                                         4 * b.amp_eps, mixed != "off" ? "mixed precision" : "autocast", precision)
+                           : kTolerance;
+    return b;
+  }
+
+  static std::optional<Finding> averaged_gradient_differs(const CheckContext& ctx, const DataParallel& dp, const Bound& bound,
+                                                          const TensorRecord& t, const torch::Tensor& whole) {
+    const auto expected = whole / dp.world_size();
+    auto tol = Tolerance::parse(kTolerance);
+    if (bound.amp_eps > 0) {
+      tol.rtol = 4 * bound.amp_eps;
+      tol.atol = 4 * bound.amp_eps * expected.abs().max().item<double>();
+    } else if (t.step > 1) {
+      // After the first update the parameters carry that step's rounding too: the bound grows
+      // with the gradient's largest value.
+      tol.atol = std::max(tol.atol, kLaterSteps * expected.abs().max().item<double>());
+    }
+    auto d = compare_tensors(expected, t.value, tol);
+    if (d.equal) return std::nullopt;
+    Finding f;
+    f.cause = Cause::kNonDeterministic;
+    f.site = owning_unit(ctx.plan, t.name);
+    f.tensor = t.name;
+    f.details = diff_json(d);
+    f.message = fmt::format("the gradient of {} averaged over {} ranks differs from the whole-batch "
+                            "gradient by up to {:.3g} (relative {:.3g}), beyond {}",
+                            t.name, dp.world_size(), d.max_abs, d.max_rel, bound.text);
+    f.hint = "check that every rank gets its own shard of one global batch and that gradients are averaged";
+    return f;
   }
 };
 

@@ -125,26 +125,20 @@ std::string study_text(const CheckContext& ctx, const PrecisionStudy& study) {
       fix && !fix->error.empty() ? "failed (" + fix->error + ")" : fmt::format("{:.3g}", study.worst_fix));
 }
 
-class AutocastCheck : public Check {
+class AutocastCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"autocast", CheckKind::kHazard, 50,
-                  "under --amp, the recompute runs every op in the forward's dtype, and checkpointing "
-                  "does not move gradients further from fp32 than plain AMP"};
-      i.needs.dtype_trace = true;
-      i.needs.amp_study = true;
-      i.knobs = {kAmpErrorFactor};
-      return i;
-    }();
-    return info;
-  }
+  AutocastCheck()
+      : DeclaredCheck(CheckInfo{"autocast", CheckKind::kHazard, 50,
+          "under --amp, the recompute runs every op in the forward's dtype, and checkpointing "
+          "does not move gradients further from fp32 than plain AMP"}
+          .needing(&Needs::dtype_trace)
+          .needing(&Needs::amp_study)
+          .with_knobs({kAmpErrorFactor})) {}
 
   // Under FSDP2's mixed precision without autocast: the dtypes of the recompute's ops against the
   // forward's; no AMP study (there is no fp32 autocast-off twin of an engine's precision).
   CheckResult mixed_precision_result(const CheckContext& ctx, const std::string& mixed) const {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     std::set<std::string> reported;
     size_t traced = 0;
     for (const auto& c : ctx.records.checkpointed.calls) {
@@ -168,8 +162,7 @@ class AutocastCheck : public Check {
   }
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     if (auto compiled = skipped_when_compiled(id(), ctx)) return *compiled;
     // FSDP2's mixed precision casts the parameters, not autocast: the recompute must run each op
     // in the dtype its forward did (the dtype-loss class of FSDP2 with activation checkpointing).

@@ -40,19 +40,16 @@ void add_to_group(StateGroups& groups, const CheckContext& ctx, const std::vecto
   it->second.push_back(state_display_name(d.name));
 }
 
-class BuffersCheck : public Check {
+class BuffersCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info{"buffers", CheckKind::kSymptom, 20,
-                                "all model state after the step -- buffers, tensor and scalar attributes, training flags -- equals "
-                                "the plain step's (BatchNorm statistics and counters updated once, not twice)"};
-    return info;
-  }
+  BuffersCheck()
+      : DeclaredCheck(CheckInfo{"buffers", CheckKind::kSymptom, 20,
+          "all model state after the step -- buffers, tensor and scalar attributes, training flags -- equals "
+          "the plain step's (BatchNorm statistics and counters updated once, not twice)"}) {}
 
   CheckResult run(const CheckContext& ctx) const override {
     if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     if (!ctx.records.checkpointed.error.empty()) {
       return checkpointed_failed(id(), ctx, "the checkpointed step failed before its buffers could be compared: ",
                                  "the checkpointed step failed");

@@ -150,6 +150,13 @@ struct CheckInfo {
   Needs needs;              // what the Runner must record for it beyond the two steps
   std::vector<CheckKnob> knobs;
   std::vector<Cause> causes;  // words this check adds to the cause vocabulary (beyond Cause::k*)
+
+  // What differs from the defaults, declared in one expression:
+  //   CheckInfo{"rng", CheckKind::kHazard, 40, "..."}.needing(&Needs::probe)
+  CheckInfo& applying(Applies when) { applies = when; return *this; }
+  CheckInfo& needing(bool Needs::*evidence) { needs.*evidence = true; return *this; }
+  CheckInfo& with_knobs(std::vector<CheckKnob> k) { knobs = std::move(k); return *this; }
+  CheckInfo& with_causes(std::vector<Cause> c) { causes = std::move(c); return *this; }
 };
 
 /// What a check reads. Checks never run models: everything comes from the records.
@@ -176,6 +183,29 @@ class Check {
   virtual const CheckInfo& info() const = 0;
   virtual CheckResult run(const CheckContext& ctx) const = 0;
   const std::string& id() const { return info().id; }
+};
+
+/// A check whose declaration is given once, when it is made: every built-in check is one.
+///   class RngCheck : public DeclaredCheck {
+///    public:
+///     RngCheck() : DeclaredCheck(CheckInfo{"rng", CheckKind::kHazard, 40, "..."}.needing(&Needs::probe)) {}
+///     CheckResult run(const CheckContext& ctx) const override { auto r = result(); ... }
+///   };
+class DeclaredCheck : public Check {
+ public:
+  explicit DeclaredCheck(CheckInfo info) : info_(std::move(info)) {}
+  const CheckInfo& info() const final { return info_; }
+
+ protected:
+  /// An empty result under this check's id (status pass until a finding or a status says otherwise).
+  CheckResult result() const {
+    CheckResult r;
+    r.id = info_.id;
+    return r;
+  }
+
+ private:
+  CheckInfo info_;
 };
 
 /// A check registers itself from its own file, at static initialisation:

@@ -26,25 +26,19 @@ const Cause kGraphBreak{kGraphBreakWord};
 // checkpointed step's compile met.
 constexpr const char* kCheckpointedOnly = "checkpointed step only: ";
 
-class CompileCheck : public Check {
+class CompileCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"compile", CheckKind::kTraining, 140,
-                  "(with --compile) the compiled plain step computes the eager one's math, and the checkpointed step "
-                  "compiles into the graphs the plain one does"};
-      i.applies = Applies::kWithCompile;
-      i.causes = {kCompiledMath, kGraphBreak};
-      return i;
-    }();
-    return info;
-  }
+  CompileCheck()
+      : DeclaredCheck(CheckInfo{"compile", CheckKind::kTraining, 140,
+          "(with --compile) the compiled plain step computes the eager one's math, and the checkpointed step "
+          "compiles into the graphs the plain one does"}
+          .applying(Applies::kWithCompile)
+          .with_causes({kCompiledMath, kGraphBreak})) {}
 
   CheckResult run(const CheckContext& ctx) const override {
     if (!ctx.records.compiled) return skipped(id(), "not compiled (run with --compile)");
     const auto& c = *ctx.records.compiled;
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     r.details = {{"mode", c.mode},
                  {"memory_budget", c.memory_budget},
                  {"compile_seconds", c.compile_seconds},

@@ -17,22 +17,16 @@ const char* kTolerance = "rtol=1e-4,atol=1e-6";
 // Steps after the first: atol at least 64 float32 epsilons of the largest whole-batch value.
 constexpr double kLaterSteps = 64 * 1.1920929e-07;
 
-class DataParallelCheck : public Check {
+class DataParallelCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"data-parallel", CheckKind::kTraining, 120,
-                  "(with --world-size) gradients averaged over the ranks equal one process's on the "
-                  "whole batch, within the tolerance float reduction order allows"};
-      i.needs.single_process = true;
-      return i;
-    }();
-    return info;
-  }
+  DataParallelCheck()
+      : DeclaredCheck(CheckInfo{"data-parallel", CheckKind::kTraining, 120,
+          "(with --world-size) gradients averaged over the ranks equal one process's on the "
+          "whole batch, within the tolerance float reduction order allows"}
+          .needing(&Needs::single_process)) {}
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     const auto* dp = ctx.config.data_parallel;
     if (!dp || !ctx.records.single_process) {
       return skipped(id(), "a single process (--world-size 1)");

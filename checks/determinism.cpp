@@ -63,22 +63,16 @@ Finding stateful_finding(const UnitProbe& p) {
   return f;
 }
 
-class DeterminismCheck : public Check {
+class DeterminismCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"determinism", CheckKind::kHazard, 60,
-                  "each checkpointed site gives the same outputs when run again on identical inputs and "
-                  "RNG state (non-deterministic ops, stateful modules)"};
-      i.needs.probe = true;
-      return i;
-    }();
-    return info;
-  }
+  DeterminismCheck()
+      : DeclaredCheck(CheckInfo{"determinism", CheckKind::kHazard, 60,
+          "each checkpointed site gives the same outputs when run again on identical inputs and "
+          "RNG state (non-deterministic ops, stateful modules)"}
+          .needing(&Needs::probe)) {}
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     if (auto compiled = skipped_when_compiled(id(), ctx)) return *compiled;
     if (!ctx.records.probes) {
       return skipped(id(), "the determinism probe did not run");

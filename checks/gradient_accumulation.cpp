@@ -90,24 +90,18 @@ void add_hook_findings(const CheckContext& ctx, CheckResult& r) {
   }
 }
 
-class GradientAccumulationCheck : public Check {
+class GradientAccumulationCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"gradient-accumulation", CheckKind::kTraining, 110,
-                  "with --accumulate N: N checkpointed micro-batches sum to the gradients of N plain ones, bitwise, "
-                  "and every gradient hook fires once per micro-batch"};
-      i.applies = Applies::kWithAccumulation;
-      i.needs.hooks = true;
-      i.causes = {kAccumulatedGrad};
-      return i;
-    }();
-    return info;
-  }
+  GradientAccumulationCheck()
+      : DeclaredCheck(CheckInfo{"gradient-accumulation", CheckKind::kTraining, 110,
+          "with --accumulate N: N checkpointed micro-batches sum to the gradients of N plain ones, bitwise, "
+          "and every gradient hook fires once per micro-batch"}
+          .applying(Applies::kWithAccumulation)
+          .needing(&Needs::hooks)
+          .with_causes({kAccumulatedGrad})) {}
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     if (ctx.config.accumulate < 2) {
       return skipped(id(), "one micro-batch per step (--accumulate N runs N)");
     }

@@ -233,19 +233,14 @@ void warn_when_vacuous(const CheckContext& ctx, CheckResult& r) {
                            ctx.plan.units.size());
 }
 
-class GradientsCheck : public Check {
+class GradientsCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"gradients", CheckKind::kSymptom, 10,
-                  "loss, outputs, parameter and input gradients equal the plain step's (within the tolerance); warns "
-                  "when no gradient reaches the checkpointed sites or the checkpointed step returns another output "
-                  "structure"};
-      i.causes = {kOutputStructure};
-      return i;
-    }();
-    return info;
-  }
+  GradientsCheck()
+      : DeclaredCheck(CheckInfo{"gradients", CheckKind::kSymptom, 10,
+          "loss, outputs, parameter and input gradients equal the plain step's (within the tolerance); warns "
+          "when no gradient reaches the checkpointed sites or the checkpointed step returns another output "
+          "structure"}
+          .with_causes({kOutputStructure})) {}
 
   CheckResult run(const CheckContext& ctx) const override {
     if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);
@@ -282,8 +277,7 @@ class GradientsCheck : public Check {
       const auto f = cause_of(ctx, d, step, evidence);
       add_to_group(groups, f, d, evidence);
     }
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     for (auto& g : groups) add_finding(r, group_finding(std::move(g)));
     if (restructured) add_finding(r, structure_finding(ctx));
     r.details["compared"] = compared;

@@ -9,22 +9,16 @@
 namespace ckcheck {
 namespace {
 
-class HooksCheck : public Check {
+class HooksCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"hooks", CheckKind::kTraining, 100,
-                  "every parameter's gradient hook fires once per backward under checkpointing, as "
-                  "data-parallel training (DDP) requires"};
-      i.needs.hooks = true;
-      return i;
-    }();
-    return info;
-  }
+  HooksCheck()
+      : DeclaredCheck(CheckInfo{"hooks", CheckKind::kTraining, 100,
+          "every parameter's gradient hook fires once per backward under checkpointing, as "
+          "data-parallel training (DDP) requires"}
+          .needing(&Needs::hooks)) {}
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     const auto& ckpt = ctx.records.checkpointed.hooks;
     // A data-parallel engine (DDP) that stopped the step: its reducer's own message, naming the
     // parameter where it does ("... with name NAME ..."). The counts are those of the backwards

@@ -62,19 +62,16 @@ Finding changed_state(const CallEvidence& c) {
   return f;
 }
 
-class InputMutationCheck : public Check {
+class InputMutationCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info{"input-mutation", CheckKind::kHazard, 30,
-                                "no checkpointed site's input changes (version counter or content) between entering "
-                                "the site and its recompute"};
-    return info;
-  }
+  InputMutationCheck()
+      : DeclaredCheck(CheckInfo{"input-mutation", CheckKind::kHazard, 30,
+          "no checkpointed site's input changes (version counter or content) between entering "
+          "the site and its recompute"}) {}
 
   CheckResult run(const CheckContext& ctx) const override {
     if (auto compiled = skipped_when_compiled(id(), ctx)) return *compiled;
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     std::set<std::pair<std::string, size_t>> seen;
     size_t calls = 0;
     for (const auto& c : ctx.records.checkpointed.calls) {

@@ -5,22 +5,16 @@
 namespace ckcheck {
 namespace {
 
-class MemoryCheck : public Check {
+class MemoryCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"memory", CheckKind::kMeasurement, 80,
-                  "(with --bench) checkpointing lowers the step's peak memory"};
-      i.applies = Applies::kWithBench;
-      i.needs.bench = true;
-      return i;
-    }();
-    return info;
-  }
+  MemoryCheck()
+      : DeclaredCheck(CheckInfo{"memory", CheckKind::kMeasurement, 80,
+          "(with --bench) checkpointing lowers the step's peak memory"}
+          .applying(Applies::kWithBench)
+          .needing(&Needs::bench)) {}
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     const auto& plain = ctx.records.bench_plain;
     const auto& ckpt = ctx.records.bench_checkpointed;
     if (!plain || !ckpt) {

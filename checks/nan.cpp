@@ -5,17 +5,14 @@
 namespace ckcheck {
 namespace {
 
-class NanCheck : public Check {
+class NanCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info{"nan", CheckKind::kSymptom, 70,
-                                "no NaN or Inf in the loss, outputs or gradients, with or without checkpointing"};
-    return info;
-  }
+  NanCheck()
+      : DeclaredCheck(CheckInfo{"nan", CheckKind::kSymptom, 70,
+          "no NaN or Inf in the loss, outputs or gradients, with or without checkpointing"}) {}
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     // Two findings at most: NaN/Inf that exists without checkpointing too, and NaN/Inf that only
     // the checkpointed step has.
     struct Group {

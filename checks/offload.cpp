@@ -18,25 +18,19 @@ const Cause kOffload{kOffloadWord};
 
 namespace {
 
-class OffloadCheck : public Check {
+class OffloadCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"offload", CheckKind::kTraining, 145,
-                  "(with --offload) the offload's saved-tensor hooks give back exactly what autograd saved: the plain "
-                  "step offloaded equals the plain step"};
-      i.applies = Applies::kWithOffload;
-      i.causes = {kOffload};
-      return i;
-    }();
-    return info;
-  }
+  OffloadCheck()
+      : DeclaredCheck(CheckInfo{"offload", CheckKind::kTraining, 145,
+          "(with --offload) the offload's saved-tensor hooks give back exactly what autograd saved: the plain "
+          "step offloaded equals the plain step"}
+          .applying(Applies::kWithOffload)
+          .with_causes({kOffload})) {}
 
   CheckResult run(const CheckContext& ctx) const override {
     const auto facts = ctx.model.offload_facts();
     if (!facts) return skipped(id(), "nothing offloaded (run with --offload cpu)");
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     r.details = {{"hooks", facts->hooks},
                  {"packed_tensors", facts->packed},
                  {"packed_bytes", facts->packed_bytes},

@@ -10,23 +10,17 @@ namespace {
 const CheckKnob kMaxOverhead{"max-overhead", "with --bench: the most step time checkpointing may add (0.5 = +50%)", 0.5,
                              0.0, 1e6, /*min_open=*/true};
 
-class OverheadCheck : public Check {
+class OverheadCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"overhead", CheckKind::kMeasurement, 90,
-                  "(with --bench) checkpointing adds at most --max-overhead (50%) to the step time"};
-      i.applies = Applies::kWithBench;
-      i.needs.bench = true;
-      i.knobs = {kMaxOverhead};
-      return i;
-    }();
-    return info;
-  }
+  OverheadCheck()
+      : DeclaredCheck(CheckInfo{"overhead", CheckKind::kMeasurement, 90,
+          "(with --bench) checkpointing adds at most --max-overhead (50%) to the step time"}
+          .applying(Applies::kWithBench)
+          .needing(&Needs::bench)
+          .with_knobs({kMaxOverhead})) {}
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     const auto& plain = ctx.records.bench_plain;
     const auto& ckpt = ctx.records.bench_checkpointed;
     if (!plain || !ckpt || plain->step_seconds.empty() || ckpt->step_seconds.empty()) {

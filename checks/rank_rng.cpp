@@ -32,18 +32,15 @@ void shared_draws(const std::vector<RunRecords::Rank>& ranks, CheckResult& r) {
   }
 }
 
-class RankRngCheck : public Check {
+class RankRngCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info{"rank-rng", CheckKind::kTraining, 130,
-                                "(with --world-size) ranks draw different random numbers, and each rank's recompute "
-                                "replays its own"};
-    return info;
-  }
+  RankRngCheck()
+      : DeclaredCheck(CheckInfo{"rank-rng", CheckKind::kTraining, 130,
+          "(with --world-size) ranks draw different random numbers, and each rank's recompute "
+          "replays its own"}) {}
 
   CheckResult run(const CheckContext& ctx) const override {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     const auto& ranks = ctx.records.ranks;
     if (ranks.size() < 2) {
       return skipped(id(), "a single process (--world-size 1)");

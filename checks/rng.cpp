@@ -11,23 +11,18 @@
 namespace ckcheck {
 namespace {
 
-class RngCheck : public Check {
+class RngCheck : public DeclaredCheck {
  public:
-  const CheckInfo& info() const override {
-    static const CheckInfo info = [] {
-      CheckInfo i{"rng", CheckKind::kHazard, 40,
-                  "sites that draw random numbers (dropout) replay the forward's draws in the recompute"};
-      i.needs.probe = true;  // random ops and private generators are seen by the probe
-      return i;
-    }();
-    return info;
-  }
+  // random ops and private generators are seen by the probe
+  RngCheck()
+      : DeclaredCheck(CheckInfo{"rng", CheckKind::kHazard, 40,
+          "sites that draw random numbers (dropout) replay the forward's draws in the recompute"}
+          .needing(&Needs::probe)) {}
 
   // Compiled: the random ops the compiled backward runs again, from the compiled graphs. New random
   // numbers fail the check when the checkpointed step differs from the plain one (the math moved).
   CheckResult run_compiled(const CheckContext& ctx) const {
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     const auto& c = *ctx.records.compiled;
     const bool differs = !checkpointed_step_unchanged(ctx);
     for (const auto& op : c.recomputed_random) {
@@ -59,8 +54,7 @@ class RngCheck : public Check {
 
   CheckResult run(const CheckContext& ctx) const override {
     if (ctx.records.compiled) return run_compiled(ctx);
-    CheckResult r;
-    r.id = id();
+    auto r = result();
     size_t random_sites = 0;
     bool host_only = true;  // every finding's draws are from generators outside torch
     for (const auto& unit : ctx.plan.units) {

@@ -186,74 +186,110 @@ std::string unreplayed_draw_hint(const CallEvidence& call, const RandomDraw& dra
                  : "";
 }
 
+namespace {
+
+// Every input the call changed in place, by when: during the site's forward, after it, or unseen by
+// autograd (content only); nothing when none was.
+std::optional<SiteExplanation> changed_inputs(const std::string& site, const CallEvidence& c) {
+  std::vector<size_t> during, after, untracked;
+  for (size_t i = 0; i < c.versions_entry.size(); ++i) {
+    if (i < c.versions_exit.size() && c.versions_exit[i] != c.versions_entry[i]) {
+      during.push_back(i);
+    } else if (i < c.versions_recompute.size() && i < c.versions_exit.size() && c.versions_recompute[i] != c.versions_exit[i]) {
+      after.push_back(i);
+    } else if (i < c.content_changed.size() && c.content_changed[i]) {
+      untracked.push_back(i);
+    }
+  }
+  auto inputs = [](const std::vector<size_t>& v) {
+    return fmt::format("{} {}", v.size() == 1 ? "input" : "inputs", fmt::join(v, ", "));
+  };
+  std::vector<std::string> parts;
+  if (!during.empty()) parts.push_back(fmt::format("the site changes its {} in place", inputs(during)));
+  if (!after.empty()) parts.push_back(fmt::format("{} changed in place after the site's forward", inputs(after)));
+  if (!untracked.empty()) parts.push_back(fmt::format("{}: content changed before the recompute", inputs(untracked)));
+  if (parts.empty()) return std::nullopt;
+  return SiteExplanation{site, Cause::kInPlace, fmt::format("{}", fmt::join(parts, "; "))};
+}
+
+// The random numbers a recompute drew otherwise than its forward, if that explains it.
+std::optional<SiteExplanation> random_cause(const CheckContext& ctx, const std::string& site, const CallEvidence& c,
+                                            const UnitProbe* probe) {
+  if (probe && probe->private_generator) {
+    return SiteExplanation{site, Cause::kRng, "the site draws from its own torch::Generator, which no checkpoint restores"};
+  }
+  if (const auto* draw = unreplayed_draw(c)) {
+    return SiteExplanation{site, Cause::kRng, unreplayed_draw_words(c, *draw, ctx.config.checkpoint.preserve_rng_state),
+                           unreplayed_draw_hint(c, *draw)};
+  }
+  if (c.rng_consumed && (!ctx.config.checkpoint.preserve_rng_state || !c.rng_replayed)) {
+    return SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
+  }
+  return std::nullopt;
+}
+
+// What the probe of the site says: state it keeps, non-determinism, or values that depend on grad mode.
+std::optional<SiteExplanation> probed_cause(const std::string& site, const CallEvidence& c, const UnitProbe* probe) {
+  if (!probe) return std::nullopt;
+  if (!probe->repeat_equal && probe->restart_equal && !probe->handed_state.empty()) {
+    return SiteExplanation{site, Cause::kStateful, handed_state_change(*probe), kHandedStateHint};
+  }
+  if (!probe->repeat_equal && probe->restart_equal) {
+    return SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
+  }
+  if (!probe->restart_equal) {
+    return SiteExplanation{site, Cause::kNonDeterministic, "the site gives different outputs on identical inputs"};
+  }
+  if (!probe->grad_mode_equal && c.forward_no_grad) {
+    return SiteExplanation{site, Cause::kGradMode,
+                           fmt::format("the site computes other values with autograd on than off (by {:.3g}), "
+                                       "and its forward ran without autograd while its recompute ran with it",
+                                       probe->grad_mode_diff)};
+  }
+  return std::nullopt;
+}
+
+// Why the call's recompute did not reproduce its forward, in the order the evidence is trusted.
+std::optional<SiteExplanation> explain_call(const CheckContext& ctx, const std::string& site, const CallEvidence& c,
+                                            const UnitProbe* probe) {
+  if (auto changed = changed_inputs(site, c)) return changed;
+  if (!(recompute_differs(c) || c.recompute_failed || private_generator_drew_again(ctx, site))) return std::nullopt;
+  if (!c.state_changed.empty()) {
+    return SiteExplanation{site, Cause::kInPlace,
+                           fmt::format("{} was changed after the site's forward and before its recompute, so the "
+                                       "recompute read the new value",
+                                       changed_state_names(c))};
+  }
+  if (auto random = random_cause(ctx, site, c, probe)) return random;
+  if (first_dtype_difference(c)) {
+    return SiteExplanation{site, dtype_cause(ctx), "the recompute runs its ops in other dtypes than the forward"};
+  }
+  if (auto host = host_generator_draws(probe); !host.empty()) {
+    return SiteExplanation{site, Cause::kRng, std::move(host), kHostGeneratorHint};
+  }
+  if (auto probed = probed_cause(site, c, probe)) return probed;
+  if (c.recompute_failed) return std::nullopt;  // no evidence: the step's verdict is error
+  // Never non-deterministic without a failing determinism probe: say that nothing explains it.
+  return SiteExplanation{site, Cause::kUnexplained,
+                         "the recompute did not reproduce the forward's outputs, and no check found why (the "
+                         "site repeats identically on its own)"};
+}
+
+}  // namespace
+
 std::vector<SiteExplanation> explain_sites(const CheckContext& ctx) {
   if (ctx.records.compiled) return explain_compiled(ctx);
   std::vector<SiteExplanation> out;
   for (const auto& unit : ctx.plan.units) {
     const auto site = Plan::unit_label(unit);
     const UnitProbe* probe = probe_for(ctx, site);
-    std::optional<SiteExplanation> found;
     for (const auto& c : ctx.records.checkpointed.calls) {
-      if (c.site != site || found) continue;
-      // Every input changed in place, by when.
-      std::vector<size_t> during, after, untracked;
-      for (size_t i = 0; i < c.versions_entry.size(); ++i) {
-        if (i < c.versions_exit.size() && c.versions_exit[i] != c.versions_entry[i]) {
-          during.push_back(i);
-        } else if (i < c.versions_recompute.size() && i < c.versions_exit.size() && c.versions_recompute[i] != c.versions_exit[i]) {
-          after.push_back(i);
-        } else if (i < c.content_changed.size() && c.content_changed[i]) {
-          untracked.push_back(i);
-        }
+      if (c.site != site) continue;
+      if (auto found = explain_call(ctx, site, c, probe)) {
+        out.push_back(*found);
+        break;
       }
-      auto inputs = [](const std::vector<size_t>& v) {
-        return fmt::format("{} {}", v.size() == 1 ? "input" : "inputs", fmt::join(v, ", "));
-      };
-      std::vector<std::string> parts;
-      if (!during.empty()) parts.push_back(fmt::format("the site changes its {} in place", inputs(during)));
-      if (!after.empty()) parts.push_back(fmt::format("{} changed in place after the site's forward", inputs(after)));
-      if (!untracked.empty()) parts.push_back(fmt::format("{}: content changed before the recompute", inputs(untracked)));
-      if (!parts.empty()) found = SiteExplanation{site, Cause::kInPlace, fmt::format("{}", fmt::join(parts, "; "))};
-      if (found || !(recompute_differs(c) || c.recompute_failed || private_generator_drew_again(ctx, site))) continue;
-      if (!c.state_changed.empty()) {
-        found = SiteExplanation{site, Cause::kInPlace,
-                                fmt::format("{} was changed after the site's forward and before its recompute, so the "
-                                            "recompute read the new value",
-                                            changed_state_names(c))};
-        continue;
-      }
-      if (probe && probe->private_generator) {
-        found = SiteExplanation{site, Cause::kRng, "the site draws from its own torch::Generator, which no checkpoint restores"};
-      } else if (const auto* draw = unreplayed_draw(c)) {
-        found = SiteExplanation{site, Cause::kRng,
-                                unreplayed_draw_words(c, *draw, ctx.config.checkpoint.preserve_rng_state),
-                                unreplayed_draw_hint(c, *draw)};
-      } else if (c.rng_consumed && (!ctx.config.checkpoint.preserve_rng_state || !c.rng_replayed)) {
-        found = SiteExplanation{site, Cause::kRng, "the site draws random numbers and the RNG state is not preserved"};
-      } else if (first_dtype_difference(c)) {
-        found = SiteExplanation{site, dtype_cause(ctx), "the recompute runs its ops in other dtypes than the forward"};
-      } else if (auto host = host_generator_draws(probe); !host.empty()) {
-        found = SiteExplanation{site, Cause::kRng, std::move(host), kHostGeneratorHint};
-      } else if (probe && !probe->repeat_equal && probe->restart_equal && !probe->handed_state.empty()) {
-        found = SiteExplanation{site, Cause::kStateful, handed_state_change(*probe), kHandedStateHint};
-      } else if (probe && !probe->repeat_equal && probe->restart_equal) {
-        found = SiteExplanation{site, Cause::kStateful, "the site changes its own state, so the recompute computes something else"};
-      } else if (probe && !probe->restart_equal) {
-        found = SiteExplanation{site, Cause::kNonDeterministic, "the site gives different outputs on identical inputs"};
-      } else if (probe && !probe->grad_mode_equal && c.forward_no_grad) {
-        found = SiteExplanation{site, Cause::kGradMode,
-                                fmt::format("the site computes other values with autograd on than off (by {:.3g}), "
-                                            "and its forward ran without autograd while its recompute ran with it",
-                                            probe->grad_mode_diff)};
-      } else if (!c.recompute_failed) {
-        // Never non-deterministic without a failing determinism probe: say that nothing explains it.
-        found = SiteExplanation{site, Cause::kUnexplained,
-                                "the recompute did not reproduce the forward's outputs, and no check found why (the "
-                                "site repeats identically on its own)"};
-      }
-      // A recompute that threw with no evidence is left unexplained here: the step's verdict is error.
     }
-    if (found) out.push_back(*found);
   }
   return out;
 }

@@ -249,19 +249,7 @@ class GradientsCheck : public DeclaredCheck {
                                  "the checkpointed step failed where the plain step did not");
     }
     if (auto not_repeatable = plain_not_repeatable(id(), ctx)) return *not_repeatable;
-    StepEvidence step;
-    step.explained = explain_sites(ctx);
-    step.rounding = rounding_evidence(ctx, step.explained);
-    // A lost contribution is looked for before rounding is concluded.
-    if (graph_lost_in_no_grad_forward(ctx, "")) step.rounding.rounding = false;
-    bool recomputed = false, all_equal = true;  // a call whose outputs were not compared vouches for nothing
-    for (const auto& c : ctx.records.checkpointed.calls) {
-      if (!c.recomputed) continue;
-      recomputed = true;
-      all_equal = all_equal && !c.output_diffs.empty() && !recompute_differs(c);
-    }
-    step.faithful = recomputed && all_equal;
-    if (const auto offload = ctx.model.offload_facts()) step.offload_changed = offload->differs;
+    const StepEvidence step = step_evidence(ctx);
     std::vector<Group> groups;
     size_t compared = 0, differing = 0;
     const bool restructured = structure_differs(ctx);
@@ -284,17 +272,7 @@ class GradientsCheck : public DeclaredCheck {
     r.details["differing"] = differing;
     if (const auto& noise = ctx.records.noise) r.details["noise"] = noise_json(*noise);
     if (differing > 0) {
-      // Rounding from another summation order is not a wrong gradient: a warning that says so.
-      r.status = step.rounding.rounding ? Status::kWarn : Status::kFail;
-      r.summary = fmt::format("{} of {} tensors differ ({}){}", differing, compared, tolerance_words(ctx),
-                              !step.rounding.rounding  ? ""
-                              : step.explained.empty() ? " by rounding only: gradients summed in another order"
-                                                       : " by rounding only: the same math in other kernels");
-      if (!step.rounding.sentence.empty()) {
-        r.details["rounding"] = step.rounding.details;
-        r.details["rounding"]["rounding"] = step.rounding.rounding;
-        r.details["rounding"]["evidence"] = step.rounding.sentence;
-      }
+      differ(ctx, step, r, differing, compared);
       return r;
     }
     r.summary = fmt::format("{} tensors equal ({}) with {} checkpointed", compared, tolerance_words(ctx),
@@ -305,6 +283,41 @@ class GradientsCheck : public DeclaredCheck {
     }
     warn_when_vacuous(ctx, r);
     return r;
+  }
+
+ private:
+  // What the step's calls say: why sites differ, whether a difference is rounding, whether every
+  // recompute reproduced its forward.
+  static StepEvidence step_evidence(const CheckContext& ctx) {
+    StepEvidence step;
+    step.explained = explain_sites(ctx);
+    step.rounding = rounding_evidence(ctx, step.explained);
+    // A lost contribution is looked for before rounding is concluded.
+    if (graph_lost_in_no_grad_forward(ctx, "")) step.rounding.rounding = false;
+    bool recomputed = false, all_equal = true;  // a call whose outputs were not compared vouches for nothing
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      if (!c.recomputed) continue;
+      recomputed = true;
+      all_equal = all_equal && !c.output_diffs.empty() && !recompute_differs(c);
+    }
+    step.faithful = recomputed && all_equal;
+    if (const auto offload = ctx.model.offload_facts()) step.offload_changed = offload->differs;
+    return step;
+  }
+
+  // Tensors differ: a failure, or -- rounding from another summation order is not a wrong gradient --
+  // a warning that says so, with its evidence.
+  static void differ(const CheckContext& ctx, const StepEvidence& step, CheckResult& r, size_t differing, size_t compared) {
+    r.status = step.rounding.rounding ? Status::kWarn : Status::kFail;
+    r.summary = fmt::format("{} of {} tensors differ ({}){}", differing, compared, tolerance_words(ctx),
+                            !step.rounding.rounding  ? ""
+                            : step.explained.empty() ? " by rounding only: gradients summed in another order"
+                                                     : " by rounding only: the same math in other kernels");
+    if (!step.rounding.sentence.empty()) {
+      r.details["rounding"] = step.rounding.details;
+      r.details["rounding"]["rounding"] = step.rounding.rounding;
+      r.details["rounding"]["evidence"] = step.rounding.sentence;
+    }
   }
 };
 

@@ -38,32 +38,7 @@ class HooksCheck : public DeclaredCheck {
     for (const auto& h : ckpt) {
       ++counted;
       if (fires_as_plain(ctx, h)) continue;
-      const int64_t expected = plain_fires(ctx, h);
-      Finding f;
-      f.cause = Cause::kHookCount;
-      f.site = owning_unit(ctx.plan, h.name);
-      f.tensor = h.name;
-      f.details = {{"fires", h.fires}, {"plain_fires", expected}, {"step", h.step}};
-      if (expected == 0) {
-        f.message = fmt::format("the gradient hook of {} fires {} times in one backward under checkpointing where "
-                                "the plain step never reaches it: {}",
-                                h.name, h.fires,
-                                fsdp            ? "FSDP2 reduced a gradient the plain step does not have"
-                                : h.fires > 1 ? "DDP would mark it ready twice and stop"
-                                                : "DDP would reduce a gradient the plain step does not have");
-      } else if (h.fires > expected) {
-        f.message = fmt::format("the gradient hook of {} fires {} times in one backward under checkpointing ({} plain): {}",
-                                h.name, h.fires, expected,
-                                fsdp ? "FSDP2 reduced its gradient more than once" : "DDP would mark it ready twice and stop");
-      } else if (fsdp) {
-        f.message = fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): FSDP2 never "
-                                "reduced a gradient for it",
-                                h.name, expected);
-      } else {
-        f.message = fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): DDP {} for it",
-                                h.name, expected, engine_stopped ? "stopped the step waiting" : "would wait forever");
-      }
-      add_finding(r, f);
+      add_finding(r, hook_finding(ctx, h, fsdp, engine_stopped));
     }
     if (r.findings.empty() && engine_stopped) {
       Finding f;
@@ -82,6 +57,37 @@ class HooksCheck : public DeclaredCheck {
       r.summary = fmt::format("{} fire once per backward, as under the plain step", count_of(counted, "parameter hook"));
     }
     return r;
+  }
+
+ private:
+  // A parameter whose hook fired otherwise than in the plain step, and what the engine makes of it.
+  static Finding hook_finding(const CheckContext& ctx, const HookCount& h, bool fsdp, bool engine_stopped) {
+    const int64_t expected = plain_fires(ctx, h);
+    Finding f;
+    f.cause = Cause::kHookCount;
+    f.site = owning_unit(ctx.plan, h.name);
+    f.tensor = h.name;
+    f.details = {{"fires", h.fires}, {"plain_fires", expected}, {"step", h.step}};
+    if (expected == 0) {
+      f.message = fmt::format("the gradient hook of {} fires {} times in one backward under checkpointing where "
+                              "the plain step never reaches it: {}",
+                              h.name, h.fires,
+                              fsdp            ? "FSDP2 reduced a gradient the plain step does not have"
+                              : h.fires > 1 ? "DDP would mark it ready twice and stop"
+                                              : "DDP would reduce a gradient the plain step does not have");
+    } else if (h.fires > expected) {
+      f.message = fmt::format("the gradient hook of {} fires {} times in one backward under checkpointing ({} plain): {}",
+                              h.name, h.fires, expected,
+                              fsdp ? "FSDP2 reduced its gradient more than once" : "DDP would mark it ready twice and stop");
+    } else if (fsdp) {
+      f.message = fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): FSDP2 never "
+                              "reduced a gradient for it",
+                              h.name, expected);
+    } else {
+      f.message = fmt::format("the gradient hook of {} never fires under checkpointing ({} plain): DDP {} for it",
+                              h.name, expected, engine_stopped ? "stopped the step waiting" : "would wait forever");
+    }
+    return f;
   }
 };
 

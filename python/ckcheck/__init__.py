@@ -132,9 +132,10 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     report = json.loads(data)
     # The command line names a factory that lives only during this call: reproduce with the call
     # (with the checkpoint "auto" chose; the compiler's budget alone is chosen by memory_budget).
-    chosen = report.get("config", {}).get("checkpoint", checkpoint)
+    chosen = _core.CheckpointKind.parse(report.get("config", {}).get("checkpoint", checkpoint))
     call = _python_call(model, inputs, dict(sites=sites, policy=policy,
-                                            checkpoint=checkpoint if chosen == "compiler" else chosen,
+                                            checkpoint=checkpoint if chosen == _core.CheckpointKind.compiler
+                                            else chosen.text,
                                             seed=seed, steps=steps, checks=checks, tolerance=tolerance, loss=loss,
                                             enable=enable, disable=disable, preserve_rng_state=preserve_rng_state),
                         options)

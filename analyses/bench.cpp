@@ -360,7 +360,7 @@ void verify_policies(Runner& runner, const std::vector<Entry>& entries, const st
     const auto& plan = *entries[todo[k]].plan;
     if (options.progress) options.progress(k, todo.size(), "checking " + p.policy);
     const auto outcome = run_checks(runner, plan, options.tolerance, checks);
-    p.checks = verdict_name(verdict_of(outcome.results));
+    p.checks = verdict_of(outcome.results);
     p.check_failures = check_failures(outcome.results);
   }
   if (options.progress && !todo.empty()) options.progress(todo.size(), todo.size(), "");
@@ -650,16 +650,16 @@ void recommend_knee(BenchResult& r, const std::vector<Point>& fitting, const std
   r.recommendation = pick->policy;
 }
 
-}  // namespace
-
-void recommend(BenchResult& r) {
+// The measured policies that pass their checks (or have nothing to check); the others are shown
+// with why they are not ranked.
+std::vector<PolicyBench*> passing_policies(BenchResult& r) {
   std::vector<PolicyBench*> passing;
   for (auto& p : r.policies) {
     p.ranked = false;
     p.not_ranked.clear();
     if (p.measurement.step_seconds.empty()) continue;
-    if (!p.checks.empty() && p.checks != "pass") {
-      p.not_ranked = fmt::format("{} the checks: {}", p.checks == "fail" ? "fails" : "could not pass",
+    if (p.checks && p.checks != Verdict::kPass) {
+      p.not_ranked = fmt::format("{} the checks: {}", p.checks == Verdict::kFail ? "fails" : "could not pass",
                                  fmt::join(p.check_failures, "; "));
       r.warnings.push_back(fmt::format("{}: not ranked: its checkpointed step {}; the findings: {} --policy {}", p.policy,
                                        p.not_ranked, r.check_command.empty() ? "ckcheck run" : r.check_command,
@@ -668,6 +668,13 @@ void recommend(BenchResult& r) {
     }
     passing.push_back(&p);
   }
+  return passing;
+}
+
+}  // namespace
+
+void recommend(BenchResult& r) {
+  const std::vector<PolicyBench*> passing = passing_policies(r);
   if (passing.empty()) {
     r.reason = "no policy could be measured";
     return;

@@ -38,9 +38,9 @@ struct PolicyBench {
   bool fits = true;
   std::string note;  // why it was not measured, or what stopped it
   /// The checks of `ckcheck run` on this policy's checkpointed step against the plain one: pass,
-  /// fail or error; empty where nothing is checkpointed (none) or the step was not measured. A
+  /// fail or error; none where nothing is checkpointed (none) or the step was not measured. A
   /// policy that does not pass is measured and shown, never ranked.
-  std::string checks;
+  std::optional<Verdict> checks;
   /// The checks that did not pass, each as "id: cause at site" (its first finding).
   std::vector<std::string> check_failures;
   /// Ranked: measured, passes its checks (or has nothing to check), and is the policy that stands
@@ -71,7 +71,7 @@ struct BenchOptions {
   Tolerance tolerance;
   /// Verdicts already known (policy text -> checks verdict and failures, as PolicyBench has them):
   /// those policies are not checked again (ckcheck plan checks its plans before measuring them).
-  std::map<std::string, std::pair<std::string, std::vector<std::string>>> known_checks;
+  std::map<std::string, std::pair<std::optional<Verdict>, std::vector<std::string>>> known_checks;
   /// The `ckcheck run` command of this model without --policy: where the findings of a policy that
   /// fails its checks are seen in full.
   std::string check_command;

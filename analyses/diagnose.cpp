@@ -1,3 +1,4 @@
+#include "harness/support/enum_names.h"
 #include "analyses/diagnose.h"
 
 #include <fmt/format.h>
@@ -309,28 +310,65 @@ std::optional<OpDiff> op_diff(Runner& runner, const Plan& plan, const Unit& unit
 }  // namespace
 
 const char* op_difference_name(OpDifference what) {
-  switch (what) {
-    case OpDifference::kNone:
-      return "";
-    case OpDifference::kName:
-      return "name";
-    case OpDifference::kShape:
-      return "shape";
-    case OpDifference::kDtype:
-      return "dtype";
-    case OpDifference::kAutocast:
-      return "autocast";
-    case OpDifference::kValues:
-      return "values";
-    case OpDifference::kCount:
-      return "count";
-    case OpDifference::kError:
-      return "error";
-  }
-  return "";
+  static constexpr EnumName<OpDifference> kNames[] = {
+      {OpDifference::kNone, ""},         {OpDifference::kName, "name"},     {OpDifference::kShape, "shape"},
+      {OpDifference::kDtype, "dtype"},   {OpDifference::kAutocast, "autocast"}, {OpDifference::kValues, "values"},
+      {OpDifference::kCount, "count"},   {OpDifference::kError, "error"}};
+  return name_in(kNames, what);
 }
 
 namespace {
+
+// One compiled whole (the model's own switch, or the memory budget): no unit can be checkpointed
+// without the others, so the compiled graphs name the sites -- the modules of the random ops the
+// backward recomputes with new numbers.
+void compiled_culprits(const RunOutcome& outcome, const std::vector<SiteExplanation>& explained, Diagnosis& d) {
+  for (const auto& e : explained) d.sites.push_back(classify(e.site, outcome, explained));
+  if (d.sites.empty()) {
+    d.summary = "the compiled checkpointed step differs, and its compiled graphs recompute no random op with new "
+                "numbers; with --checkpoint torch the blocks are compiled with checkpoints one set at a time";
+  }
+}
+
+// Even two plain steps differ: the model is not repeatable, so bisecting over checkpointing would
+// blame every site. The probe's findings say which sites are.
+std::vector<Unit> probed_culprits(const Plan& plan, const RunOutcome& outcome) {
+  std::vector<Unit> culprits;
+  for (const auto& r : outcome.results) {
+    if (r.id != "determinism") continue;
+    for (const auto& f : r.findings) {
+      for (const auto& u : plan.units) {
+        if (Plan::unit_label(u) == f.site) culprits.push_back(u);
+      }
+    }
+  }
+  return culprits;
+}
+
+// The probe's findings are each rank's own: the sites traced next are rank 0's.
+std::vector<Unit> rank0_culprits(DataParallel& dp, const Plan& plan, const std::vector<Unit>& culprits) {
+  std::string mask;
+  for (const auto& u : plan.units) mask += std::find(culprits.begin(), culprits.end(), u) != culprits.end() ? '1' : '0';
+  mask = dp.rank0(mask);
+  std::vector<Unit> out;
+  for (size_t i = 0; i < plan.units.size() && i < mask.size(); ++i) {
+    if (mask[i] == '1') out.push_back(plan.units[i]);
+  }
+  return out;
+}
+
+// A site no check explains (the step stopped before its recompute ran) takes a dtype cause from
+// its own op diff when the first op that differs gives another dtype.
+void dtype_from_op_diff(const CheckContext& ctx, Diagnosis& d) {
+  if (!d.op_diff || d.op_diff->index < 0 || d.sites.front().evidence != kUnexplained) return;
+  const auto& o = *d.op_diff;
+  if (o.forward.dtypes.empty() || o.recompute.dtypes.empty() || o.forward.dtypes == o.recompute.dtypes) return;
+  auto& s = d.sites.front();
+  s.cause = dtype_cause(ctx);
+  s.evidence = fmt::format("op {} of the site gives {} ({}) in the forward but {} ({}) in the recompute", o.index,
+                           o.forward.dtypes, o.forward.name, o.recompute.dtypes, o.recompute.name);
+  s.hint = fix_hint(s.cause);
+}
 
 // Which checkpointed units change the result: bisection over the plan, or, when two plain steps
 // already differ, the units the determinism probe named.
@@ -338,31 +376,12 @@ void find_culprits(Runner& runner, const Plan& plan, const Tolerance& tolerance,
                    Diagnosis& d) {
   CheckContext ctx{runner.model(), plan, runner.config(), tolerance, outcome.records, outcome.diffs};
   const auto explained = explain_sites(ctx);
-  if (outcome.records.compiled && outcome.records.compiled->whole_graph) {
-    // One compiled whole (the model's own switch, or the memory budget): no unit can be checkpointed
-    // without the others, so the compiled graphs name the sites -- the modules of the random ops the
-    // backward recomputes with new numbers.
-    for (const auto& e : explained) d.sites.push_back(classify(e.site, outcome, explained));
-    if (d.sites.empty()) {
-      d.summary = "the compiled checkpointed step differs, and its compiled graphs recompute no random op with new "
-                  "numbers; with --checkpoint torch the blocks are compiled with checkpoints one set at a time";
-    }
-    return;
-  }
+  if (outcome.records.compiled && outcome.records.compiled->whole_graph) return compiled_culprits(outcome, explained, d);
   Bisector b(runner, plan, tolerance, outcome.records.reference);
   std::vector<Unit> culprits;
   const bool unstable = b.diverges({});
   if (unstable) {
-    // Even two plain steps differ: the model is not repeatable, so bisecting over checkpointing
-    // would blame every site. The probe's findings say which sites are.
-    for (const auto& r : outcome.results) {
-      if (r.id != "determinism") continue;
-      for (const auto& f : r.findings) {
-        for (const auto& u : plan.units) {
-          if (Plan::unit_label(u) == f.site) culprits.push_back(u);
-        }
-      }
-    }
+    culprits = probed_culprits(plan, outcome);
   } else {
     b.find(plan.units, culprits);
     if (culprits.empty() && b.diverges(plan.units)) {
@@ -371,31 +390,11 @@ void find_culprits(Runner& runner, const Plan& plan, const Tolerance& tolerance,
     }
   }
   d.bisection_runs = b.runs;
-  if (auto* dp = runner.config().data_parallel) {
-    // The probe's findings are each rank's own: the sites traced next are rank 0's.
-    std::string mask;
-    for (const auto& u : plan.units) mask += std::find(culprits.begin(), culprits.end(), u) != culprits.end() ? '1' : '0';
-    mask = dp->rank0(mask);
-    culprits.clear();
-    for (size_t i = 0; i < plan.units.size() && i < mask.size(); ++i) {
-      if (mask[i] == '1') culprits.push_back(plan.units[i]);
-    }
-  }
+  if (auto* dp = runner.config().data_parallel) culprits = rank0_culprits(*dp, plan, culprits);
   for (const auto& u : culprits) d.sites.push_back(classify(Plan::unit_label(u), outcome, explained));
   // A compiled unit's ops run inside the compiled graph, out of the tracer's sight.
   if (!culprits.empty() && !outcome.records.compiled) d.op_diff = op_diff(runner, plan, culprits.front());
-  // A site no check explains (the step stopped before its recompute ran) takes a dtype cause from
-  // its own op diff when the first op that differs gives another dtype.
-  if (d.op_diff && d.op_diff->index >= 0 && d.sites.front().evidence == kUnexplained) {
-    const auto& o = *d.op_diff;
-    if (!o.forward.dtypes.empty() && !o.recompute.dtypes.empty() && o.forward.dtypes != o.recompute.dtypes) {
-      auto& s = d.sites.front();
-      s.cause = dtype_cause(ctx);
-      s.evidence = fmt::format("op {} of the site gives {} ({}) in the forward but {} ({}) in the recompute", o.index,
-                               o.forward.dtypes, o.forward.name, o.recompute.dtypes, o.recompute.name);
-      s.hint = fix_hint(s.cause);
-    }
-  }
+  dtype_from_op_diff(ctx, d);
   if (unstable) {
     d.summary = "two plain steps already differ: the model is not repeatable without checkpointing";
     if (!d.sites.empty()) d.summary += fmt::format("; {} does not repeat ({})", d.sites.front().site, cause_name(d.sites.front().cause));

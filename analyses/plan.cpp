@@ -309,7 +309,7 @@ class Planner {
   int64_t budget_ = 0;
   std::set<size_t> excluded_;
   std::set<std::string> sac_failed_;  // selective plans that failed their checks
-  std::map<std::string, std::pair<std::string, std::vector<std::string>>> known_;
+  std::map<std::string, std::pair<std::optional<Verdict>, std::vector<std::string>>> known_;
   int64_t margin_ = 0;  // taken off the budget after a plan measured over it
   std::optional<size_t> accepted_;
   // A selective plan's op-level policy runs in Python around every op, a cost no profile of the
@@ -344,7 +344,7 @@ class Planner {
   std::set<std::string> verify(PlanAttempt& a) {
     const auto plan = Plan::make(model_, globs_, Policy::parse(a.policy));
     const auto outcome = run_checks(runner_, plan, options_.bench.tolerance, select_checks({}));
-    a.checks = verdict_name(verdict_of(outcome.results));
+    a.checks = verdict_of(outcome.results);
     a.check_failures = check_failures(outcome.results);
     std::set<std::string> named;
     for (const auto& c : outcome.results) {
@@ -422,7 +422,7 @@ class Planner {
     for (size_t i = 0; i < prof.sites.size(); ++i) {
       if (std::count(a.set_aside.begin(), a.set_aside.end(), prof.sites[i].site)) excluded_.insert(i);
     }
-    a.outcome = fmt::format("not recommended: {} its checks ({}); {}", a.checks == "fail" ? "fails" : "cannot pass",
+    a.outcome = fmt::format("not recommended: {} its checks ({}); {}", a.checks == Verdict::kFail ? "fails" : "cannot pass",
                             fmt::join(a.check_failures, "; "),
                             a.set_aside.empty() ? "the next plan is another"
                                                 : fmt::format("the next plan leaves {} alone", fmt::join(a.set_aside, ", ")));
@@ -435,11 +435,11 @@ class Planner {
     const auto seen = std::find_if(out_.attempts.begin(), out_.attempts.end(),
                                    [&](const PlanAttempt& b) { return b.policy == module_plan.policy; });
     if (seen != out_.attempts.end()) {
-      if (seen->checks == "pass") rival_ = static_cast<size_t>(seen - out_.attempts.begin());
+      if (seen->checks == Verdict::kPass) rival_ = static_cast<size_t>(seen - out_.attempts.begin());
       return;
     }
     verify(module_plan);
-    if (module_plan.checks == "pass") {
+    if (module_plan.checks == Verdict::kPass) {
       module_plan.outcome = "not recommended: the module plan the selective one was preferred to, measured beside it";
       out_.attempts.push_back(module_plan);
       rival_ = out_.attempts.size() - 1;
@@ -458,7 +458,7 @@ class Planner {
       if (repeated) return;
       if (!a.sites.empty()) {
         const auto named = verify(a);
-        if (a.checks == "error" && named.empty()) {
+        if (a.checks == Verdict::kError && named.empty()) {
           // The checks cannot judge this model's checkpointed step, and no site is to blame (its
           // plain step does not repeat, say): no other plan would be judged either.
           a.outcome = fmt::format("not recommended: the checks cannot judge it ({}); no plan is verified",
@@ -468,7 +468,7 @@ class Planner {
                         fmt::format("{}", fmt::join(a.check_failures, "; ")) + ")";
           return;
         }
-        if (a.checks != "pass") {
+        if (a.checks != Verdict::kPass) {
           set_aside(a, named);
           continue;
         }

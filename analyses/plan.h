@@ -80,7 +80,7 @@ struct PlanAttempt {
   int64_t predicted_peak_bytes = 0;  // above the baseline
   std::string peak_where;            // the stretch the prediction's peak falls in
   double predicted_seconds = 0.0;
-  std::string checks;                     // pass, fail, error; "" when nothing is checkpointed
+  std::optional<Verdict> checks;          // pass, fail, error; none when nothing is checkpointed
   std::vector<std::string> check_failures;  // "id: cause at site"
   std::vector<std::string> set_aside;       // sites the next plans leave alone because of it
   std::string outcome;                       // what became of it, in words

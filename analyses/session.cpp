@@ -139,25 +139,4 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
   return out;
 }
 
-const char* verdict_name(Verdict verdict) {
-  switch (verdict) {
-    case Verdict::kPass:
-      return "pass";
-    case Verdict::kFail:
-      return "fail";
-    case Verdict::kError:
-      return "error";
-  }
-  return "";
-}
-
-Verdict verdict_of(const std::vector<CheckResult>& results) {
-  bool error = false;
-  for (const auto& r : results) {
-    if (r.status == Status::kFail) return Verdict::kFail;
-    error = error || r.status == Status::kError;
-  }
-  return error ? Verdict::kError : Verdict::kPass;
-}
-
 }  // namespace ckcheck

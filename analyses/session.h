@@ -43,14 +43,4 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
                       const std::map<std::string, double>& knobs = {},
                       const std::function<void(RunRecords&)>& after_records = nullptr);
 
-/// The verdict of a command: pass, fail (a check failed, or something diverges), error (a check
-/// could not judge and none failed).
-enum class Verdict { kPass, kFail, kError };
-/// "pass", "fail", "error": the report contract's words.
-const char* verdict_name(Verdict verdict);
-
-/// pass when no check failed or errored, fail when one failed, error when one errored and none
-/// failed.
-Verdict verdict_of(const std::vector<CheckResult>& results);
-
 }  // namespace ckcheck

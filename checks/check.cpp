@@ -1,3 +1,4 @@
+#include "harness/support/enum_names.h"
 #include "checks/check.h"
 
 #include <fmt/format.h>
@@ -117,20 +118,37 @@ std::optional<Cause> parse_cause(const std::string& name) {
   return std::nullopt;
 }
 
-const char* status_name(Status status) {
-  switch (status) {
-    case Status::kPass:
-      return "pass";
-    case Status::kWarn:
-      return "warn";
-    case Status::kFail:
-      return "fail";
-    case Status::kSkip:
-      return "skip";
-    case Status::kError:
-      return "error";
+namespace {
+
+constexpr EnumName<Status> kStatusNames[] = {
+    {Status::kPass, "pass"}, {Status::kWarn, "warn"}, {Status::kFail, "fail"},
+    {Status::kSkip, "skip"}, {Status::kError, "error"},
+};
+
+constexpr EnumName<Verdict> kVerdictNames[] = {
+    {Verdict::kPass, "pass"}, {Verdict::kFail, "fail"}, {Verdict::kError, "error"}};
+
+constexpr EnumName<CheckKind> kCheckKindNames[] = {
+    {CheckKind::kSymptom, "symptom"}, {CheckKind::kHazard, "hazard"},
+    {CheckKind::kMeasurement, "measurement"}, {CheckKind::kTraining, "training"}};
+
+}  // namespace
+
+const char* status_name(Status status) { return name_in(kStatusNames, status); }
+
+std::optional<Status> parse_status(const std::string& name) { return parse_in(kStatusNames, name); }
+
+const char* verdict_name(Verdict verdict) { return name_in(kVerdictNames, verdict); }
+
+std::optional<Verdict> parse_verdict(const std::string& name) { return parse_in(kVerdictNames, name); }
+
+Verdict verdict_of(const std::vector<CheckResult>& results) {
+  bool error = false;
+  for (const auto& r : results) {
+    if (r.status == Status::kFail) return Verdict::kFail;
+    error = error || r.status == Status::kError;
   }
-  return "";
+  return error ? Verdict::kError : Verdict::kPass;
 }
 
 bool Finding::operator==(const Finding& o) const {
@@ -151,19 +169,7 @@ std::ostream& operator<<(std::ostream& os, const CheckResult& r) {
   return os;
 }
 
-const char* check_kind_name(CheckKind kind) {
-  switch (kind) {
-    case CheckKind::kSymptom:
-      return "symptom";
-    case CheckKind::kHazard:
-      return "hazard";
-    case CheckKind::kMeasurement:
-      return "measurement";
-    case CheckKind::kTraining:
-      return "training";
-  }
-  return "";
-}
+const char* check_kind_name(CheckKind kind) { return name_in(kCheckKindNames, kind); }
 
 namespace {
 

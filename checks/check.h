@@ -77,7 +77,9 @@ const std::vector<Cause>& all_causes();
 std::optional<Cause> parse_cause(const std::string& name);
 
 enum class Status { kPass, kWarn, kFail, kSkip, kError };
+/// "pass", "warn", "fail", "skip", "error": the report contract's words.
 const char* status_name(Status status);
+std::optional<Status> parse_status(const std::string& name);
 
 /// One thing a check found: where, what, why and what to do.
 struct Finding {
@@ -98,6 +100,17 @@ struct CheckResult {
   std::vector<Finding> findings;
   nlohmann::json details = nlohmann::json::object();
 };
+
+/// The verdict of a command: pass, fail (a check failed, or something diverges), error (a check
+/// could not judge and none failed).
+enum class Verdict { kPass, kFail, kError };
+/// "pass", "fail", "error": the report contract's words.
+const char* verdict_name(Verdict verdict);
+std::optional<Verdict> parse_verdict(const std::string& name);
+
+/// pass when no check failed or errored, fail when one failed, error when one errored and none
+/// failed.
+Verdict verdict_of(const std::vector<CheckResult>& results);
 
 std::ostream& operator<<(std::ostream& os, const Finding& f);
 std::ostream& operator<<(std::ostream& os, const CheckResult& r);

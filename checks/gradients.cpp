@@ -95,6 +95,41 @@ std::string not_rounding(const CheckContext& ctx, const TensorDiff& d) {
                      t.bound > 0 ? d.max_abs / t.bound : 0.0);
 }
 
+// No hazard explains a differing tensor: say so, rather than guess one (the determinism probe did
+// not fail).
+Finding unexplained(const CheckContext& ctx, const TensorDiff& d, const StepEvidence& step, std::string& evidence) {
+  Finding f;
+  f.cause = Cause::kUnexplained;
+  f.site = owning_unit(ctx.plan, d.name);
+  evidence = ctx.records.compiled
+                 ? "the compiled graphs show no random op recomputed with new numbers; run `ckcheck diagnose "
+                   "--compile` to find the block"
+             : step.faithful ? "every recompute reproduced its forward bitwise, so something outside the recomputed "
+                             "ops changed it (a hook, or code that assigns or frees .grad); run `ckcheck diagnose`"
+                           : "no site-level evidence explains it; run `ckcheck diagnose`";
+  evidence += not_rounding(ctx, d);
+  return f;
+}
+
+// Compiled, each unit's explanation is its own graph's (a block recomputing its own random ops): a
+// tensor of a unit that has one is that unit's; otherwise, and eagerly, the first.
+Finding explained_by(const CheckContext& ctx, const TensorDiff& d, const std::vector<SiteExplanation>& explained,
+                     std::string& evidence) {
+  const SiteExplanation* e = &explained.front();
+  if (ctx.records.compiled) {
+    const auto unit = owning_unit(ctx.plan, d.name);
+    for (const auto& x : explained) {
+      if (x.site == unit) e = &x;
+    }
+  }
+  Finding f;
+  f.cause = e->cause;
+  f.site = e->site;
+  f.hint = e->hint;
+  evidence = e->evidence;
+  return f;
+}
+
 // The cause and site of one differing tensor, and the evidence for it, in words.
 Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidence& step, std::string& evidence) {
   const auto& explained = step.explained;
@@ -130,30 +165,9 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
     f.site = kept->site;
     evidence = kept->evidence + not_rounding(ctx, d);
   } else if (explained.empty()) {
-    // No hazard explains it: say so, rather than guess one (the determinism probe did not fail).
-    f.cause = Cause::kUnexplained;
-    f.site = owning_unit(ctx.plan, d.name);
-    evidence = ctx.records.compiled
-                   ? "the compiled graphs show no random op recomputed with new numbers; run `ckcheck diagnose "
-                     "--compile` to find the block"
-               : step.faithful ? "every recompute reproduced its forward bitwise, so something outside the recomputed "
-                               "ops changed it (a hook, or code that assigns or frees .grad); run `ckcheck diagnose`"
-                             : "no site-level evidence explains it; run `ckcheck diagnose`";
-    evidence += not_rounding(ctx, d);
+    f = unexplained(ctx, d, step, evidence);
   } else {
-    // Compiled, each unit's explanation is its own graph's (a block recomputing its own random ops):
-    // a tensor of a unit that has one is that unit's; otherwise, and eagerly, the first.
-    const SiteExplanation* e = &explained.front();
-    if (ctx.records.compiled) {
-      const auto unit = owning_unit(ctx.plan, d.name);
-      for (const auto& x : explained) {
-        if (x.site == unit) e = &x;
-      }
-    }
-    f.cause = e->cause;
-    f.site = e->site;
-    f.hint = e->hint;
-    evidence = e->evidence;
+    f = explained_by(ctx, d, explained, evidence);
   }
   return f;
 }

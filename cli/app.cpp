@@ -122,8 +122,11 @@ int run_cli(const std::vector<std::string>& given) {
   return code;
 }
 
-int run_cli_unreported(const std::vector<std::string>& given) {
-  // --verbose anywhere: errors keep their whole text (a Python traceback, c10's trailer).
+namespace {
+
+// The arguments without --verbose; --verbose anywhere: errors keep their whole text (a Python
+// traceback, c10's trailer).
+std::vector<std::string> take_verbose(const std::vector<std::string>& given) {
   std::vector<std::string> args;
   for (const auto& a : given) {
     if (a == "--verbose") {
@@ -133,6 +136,26 @@ int run_cli_unreported(const std::vector<std::string>& given) {
       args.push_back(a);
     }
   }
+  return args;
+}
+
+// The one line for a command line CLI11 could not parse.
+int parse_error(const CLI::App& app, const CLI::ParseError& e, const std::vector<std::string>& args) {
+  const auto subs = app.get_subcommands();
+  if (subs.empty() && !args.empty()) {
+    std::vector<std::string> names;
+    for (const auto* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    return fail_usage(fmt::format("unknown command or option '{}'; commands: {} (see `ckcheck --help`)", args.front(),
+                                  fmt::join(names, ", ")));
+  }
+  const std::string hint = subs.empty() ? "ckcheck --help" : "ckcheck " + subs.front()->get_name() + " --help";
+  return fail_usage(std::string(e.what()) + " (see `" + hint + "`)");
+}
+
+}  // namespace
+
+int run_cli_unreported(const std::vector<std::string>& given) {
+  const std::vector<std::string> args = take_verbose(given);
   CLI::App app{"ckcheck: tells whether gradient checkpointing is correct and worth it for a model, "
                "before the GPU time is spent.\nRun `ckcheck COMMAND --help` for a command's options; "
                "--verbose (anywhere) keeps an error's whole text, a Python traceback included."};
@@ -160,15 +183,7 @@ int run_cli_unreported(const std::vector<std::string>& given) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    const auto subs = app.get_subcommands();
-    if (subs.empty() && !args.empty()) {
-      std::vector<std::string> names;
-      for (const auto* sub : app.get_subcommands({})) names.push_back(sub->get_name());
-      return fail_usage(fmt::format("unknown command or option '{}'; commands: {} (see `ckcheck --help`)", args.front(),
-                                    fmt::join(names, ", ")));
-    }
-    const std::string hint = subs.empty() ? "ckcheck --help" : "ckcheck " + subs.front()->get_name() + " --help";
-    return fail_usage(std::string(e.what()) + " (see `" + hint + "`)");
+    return parse_error(app, e, args);
   } catch (const Interrupted&) {
     // A SIGINT that reached the model's Python code: one line, the signal's status, no report.
     std::cerr << "ckcheck: error: stopped by SIGINT (Interrupt) in " << visible(current_phase())

@@ -264,6 +264,63 @@ int judge_child(const std::string& python, int wait_status, const ChildStatus& s
 
 }  // namespace
 
+namespace {
+
+// The child the command watches: its process group, the pipe it tells its phase through, and the
+// command's deadline.
+struct WatchedChild {
+  pid_t pid;
+  int fd;
+  int timeout;          // --timeout, 0 for none
+  bool launches_ranks;  // a launcher of ranks, which keeps the deadline itself
+  std::chrono::steady_clock::time_point start;
+};
+
+// The same signal to the child, which stops its ranks, cleans up and says so in one line; only a
+// child that does not is stopped here, with the line said here.
+int stop_for_signal(const WatchedChild& c, int signo, ChildStatus& status) {
+  if (const auto told = stop_child(c.pid, signo, std::chrono::seconds(5), c.fd, status)) return *told;
+  std::cerr << fmt::format("ckcheck: error: stopped by {} in {}; no report was written\n", signal_text(signo),
+                           status.phase);
+  return 128 + signo;
+}
+
+// Reports begun are finished (all or none), within a few seconds more; a launcher of ranks is
+// given time to stop its own at the deadline first.
+bool past_deadline(const WatchedChild& c, const ChildStatus& status) {
+  const int margin = status.phase == "writing the reports" ? 10 : c.launches_ranks ? 15 : 0;
+  return c.timeout > 0 && std::chrono::steady_clock::now() - c.start > std::chrono::seconds(c.timeout + margin);
+}
+
+int stop_at_deadline(const WatchedChild& c, ChildStatus& status) {
+  if (const auto told = stop_child(c.pid, SIGTERM, std::chrono::seconds(c.launches_ranks ? 5 : 0), c.fd, status);
+      told && c.launches_ranks) {
+    return *told;
+  }
+  return fail(fmt::format("the run did not finish within --timeout {} s (it was in {}); stopped, no report "
+                          "was written", c.timeout, status.phase));
+}
+
+// Watches the child until it ends, a signal comes or the deadline passes; its exit status.
+int watch_child(const std::string& python, const WatchedChild& c) {
+  ChildStatus status;
+  for (;;) {
+    pollfd p{c.fd, POLLIN, 0};
+    poll(&p, 1, 50);
+    drain(c.fd, status);
+    int st = 0;
+    if (waitpid(c.pid, &st, WNOHANG) == c.pid) {
+      drain(c.fd, status);
+      kill(-c.pid, SIGKILL);  // nothing it started outlives it
+      return judge_child(python, st, status);
+    }
+    if (g_child_signal != 0) return stop_for_signal(c, g_child_signal, status);
+    if (past_deadline(c, status)) return stop_at_deadline(c, status);
+  }
+}
+
+}  // namespace
+
 int run_python_child(const std::string& python, const std::vector<std::string>& args) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return fail("cannot create a pipe to watch the Python model's process");
@@ -273,7 +330,6 @@ int run_python_child(const std::string& python, const std::vector<std::string>& 
   sigemptyset(&sa.sa_mask);
   const int signals[] = {SIGINT, SIGTERM, SIGHUP};
   for (int i = 0; i < 3; ++i) sigaction(signals[i], &sa, &old[i]);
-  ChildStatus status;
   const int timeout = timeout_arg(args);
   // --timeout counts from the start of the whole command (the child's interpreter start included).
   // One process: kept here, naming the phase the child last told. A launcher of ranks (--world-size)
@@ -289,45 +345,7 @@ int run_python_child(const std::string& python, const std::vector<std::string>& 
   close(pipe_fds[1]);
   setpgid(pid, pid);
   fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK);
-  int result = 0;
-  for (;;) {
-    pollfd p{pipe_fds[0], POLLIN, 0};
-    poll(&p, 1, 50);
-    drain(pipe_fds[0], status);
-    int st = 0;
-    if (waitpid(pid, &st, WNOHANG) == pid) {
-      drain(pipe_fds[0], status);
-      kill(-pid, SIGKILL);  // nothing it started outlives it
-      result = judge_child(python, st, status);
-      break;
-    }
-    if (g_child_signal != 0) {
-      // The same signal to the child, which stops its ranks, cleans up and says so in one line;
-      // only a child that does not is stopped here, with the line said here.
-      const int signo = g_child_signal;
-      if (const auto told = stop_child(pid, signo, std::chrono::seconds(5), pipe_fds[0], status)) {
-        result = *told;
-      } else {
-        std::cerr << fmt::format("ckcheck: error: stopped by {} in {}; no report was written\n", signal_text(signo),
-                                 status.phase);
-        result = 128 + signo;
-      }
-      break;
-    }
-    // Reports begun are finished (all or none), within a few seconds more; a launcher of ranks is
-    // given time to stop its own at the deadline first.
-    const int margin = status.phase == "writing the reports" ? 10 : launches_ranks ? 15 : 0;
-    if (timeout > 0 && std::chrono::steady_clock::now() - start > std::chrono::seconds(timeout + margin)) {
-      if (const auto told = stop_child(pid, SIGTERM, std::chrono::seconds(launches_ranks ? 5 : 0), pipe_fds[0], status);
-          told && launches_ranks) {
-        result = *told;
-      } else {
-        result = fail(fmt::format("the run did not finish within --timeout {} s (it was in {}); stopped, no report "
-                                  "was written", timeout, status.phase));
-      }
-      break;
-    }
-  }
+  const int result = watch_child(python, WatchedChild{pid, pipe_fds[0], timeout, launches_ranks, start});
   close(pipe_fds[0]);
   for (int i = 0; i < 3; ++i) sigaction(signals[i], &old[i], nullptr);
   return result;

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -718,11 +719,44 @@ auto python_errors(F&& work) -> decltype(work()) {
   }
 }
 
-// (the report as JSON text, the console report's text)
+// A JSON value as the Python object json.loads would give for its text (a non-finite number, which
+// JSON text writes as null, as None); strings decoded as UTF-8, an invalid byte replaced.
+py::object to_python(const nlohmann::json& j) {
+  using Type = nlohmann::json::value_t;
+  switch (j.type()) {
+    case Type::object: {
+      py::dict d;
+      for (const auto& [key, value] : j.items()) d[to_python(key)] = to_python(value);
+      return std::move(d);
+    }
+    case Type::array: {
+      py::list l;
+      for (const auto& value : j) l.append(to_python(value));
+      return std::move(l);
+    }
+    case Type::string: {
+      const auto& s = j.get_ref<const std::string&>();
+      return py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace"));
+    }
+    case Type::boolean:
+      return py::bool_(j.get<bool>());
+    case Type::number_integer:
+      return py::int_(j.get<int64_t>());
+    case Type::number_unsigned:
+      return py::int_(j.get<uint64_t>());
+    case Type::number_float:
+      return std::isfinite(j.get<double>()) ? py::object(py::float_(j.get<double>())) : py::none();
+    default:
+      return py::none();
+  }
+}
+
+// (the report as Python objects: ckcheck.Report's data, converted once here; the console report's
+// text)
 py::tuple report_texts(const Report& report) {
   std::ostringstream console;
   make_console_reporter(false)->write(report, console);
-  return py::make_tuple(report_json(report).dump(), console.str());
+  return py::make_tuple(to_python(report_json(report)), console.str());
 }
 
 // `ckcheck run`'s options a call gives by keyword, for the model `factory` (named `name`); `extra`
@@ -815,6 +849,16 @@ py::tuple selftest(py::object factory, const std::string& name, const py::dict& 
   return python_errors([&] { return selftest_options(std::move(factory), name, options); });
 }
 
+// An enum of one of ckcheck's vocabularies as a Python enum: its values by name, each with .text,
+// its word in reports.
+template <class E>
+void bind_words(py::module_& m, const char* name, const char* doc, const char* (*word)(E),
+                std::initializer_list<std::pair<const char*, E>> values) {
+  py::enum_<E> e(m, name, doc);
+  for (const auto& [value_name, value] : values) e.value(value_name, value);
+  e.def_property_readonly("text", [word](E v) { return std::string(word(v)); }, "Its word in reports (pass).");
+}
+
 }  // namespace
 }  // namespace ckcheck::python
 
@@ -840,6 +884,23 @@ PYBIND11_MODULE(_core, m) {
           throw py::value_error(e.what());
         }
       }, py::arg("name"), "The kind a --checkpoint name gives (ValueError for another).");
+  // The verdict and a check's status, one vocabulary for C++ and Python (checks/check.h); ckcheck.Verdict
+  // and ckcheck.Status are made from these.
+  ckcheck::python::bind_words<ckcheck::Verdict>(m, "Verdict", "A command's verdict.", ckcheck::verdict_name,
+                                                {{"PASS", ckcheck::Verdict::kPass},
+                                                 {"FAIL", ckcheck::Verdict::kFail},
+                                                 {"ERROR", ckcheck::Verdict::kError}});
+  ckcheck::python::bind_words<ckcheck::Status>(m, "Status", "A check's status.", ckcheck::status_name,
+                                               {{"PASS", ckcheck::Status::kPass},
+                                                {"WARN", ckcheck::Status::kWarn},
+                                                {"FAIL", ckcheck::Status::kFail},
+                                                {"SKIP", ckcheck::Status::kSkip},
+                                                {"ERROR", ckcheck::Status::kError}});
+  m.def("cause_names", [] {
+    std::vector<std::string> names;
+    for (const auto& c : ckcheck::all_causes()) names.emplace_back(c.name());
+    return names;
+  }, "The cause vocabulary's words, as `ckcheck list` names them (ckcheck.Cause is made from them).");
   m.def("set_status_fd", &ckcheck::set_status_fd, py::arg("fd"),
         "Tells a supervising ckcheck program, through this file descriptor, the phase of the run.");
   m.def("cli_main", &ckcheck::python::cli_main, py::arg("argv"),
@@ -847,13 +908,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("run", &ckcheck::python::run, py::arg("factory"), py::arg("name"), py::arg("options"),
         "Checks the model a factory makes -- a callable (the report names it `name`) or its --model name -- "
         "with `ckcheck run`'s options by keyword "
-        "(input_requires_grad=True, accumulate=2, ...); returns (report JSON text, console text). Raises "
+        "(input_requires_grad=True, accumulate=2, ...); returns (the report as a dict, console text). Raises "
         "ckcheck.UsageError (.field: the keyword) for what cannot be checked.");
   m.def("selftest", &ckcheck::python::selftest, py::arg("factory"), py::arg("name"), py::arg("options"),
         "Plants each class of bug into the model a factory makes and checks it, as `ckcheck selftest` does, "
-        "with `ckcheck run`'s options and plants=, every_site= by keyword; returns (report JSON text, console "
-        "text). Raises ckcheck.UsageError for what cannot be checked.");
+        "with `ckcheck run`'s options and plants=, every_site= by keyword; returns (the report as a dict, console text). Raises ckcheck.UsageError for what cannot be checked.");
   m.def("validate_op", &ckcheck::python::validate_op, py::arg("options"),
         "Validates a custom op with `ckcheck validate-op`'s options by keyword (op=, shapes=, ...); returns "
-        "(report JSON text, console text).");
+        "(the report as a dict, console text).");
 }

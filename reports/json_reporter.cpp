@@ -48,7 +48,7 @@ nlohmann::json op_diff_json(const OpDiff& o) {
 
 nlohmann::json policy_json(const PolicyBench& p, const PolicyBench* none) {
   nlohmann::json pj = {{"policy", p.policy}, {"checkpointed", p.checkpointed}, {"fits", p.fits}, {"note", p.note},
-                       {"checks", p.checks.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.checks)},
+                       {"checks", p.checks ? nlohmann::json(verdict_name(*p.checks)) : nlohmann::json(nullptr)},
                        {"check_failures", p.check_failures}, {"ranked", p.ranked},
                        {"not_ranked", p.not_ranked}};
   if (p.measurement.step_seconds.empty()) {
@@ -115,46 +115,54 @@ nlohmann::json selftest_json(const SelftestResult& s) {
           {"plain_steps", steps}};
 }
 
-nlohmann::json report_json(const Report& r) {
-  nlohmann::json j;
-  j["tool"] = "ckcheck";
-  j["version"] = ckcheck_version();
-  const auto b = build_info();
-  j["build"] = {{"ckcheck", b.ckcheck}, {"libtorch", b.libtorch}, {"cuda", b.cuda}, {"cuda_version", b.cuda_version}};
-  j["command"] = r.command;
-  j["verdict"] = verdict_name(r.verdict);
-  j["model"] = {{"name", r.model.name},       {"options", r.model.options},
-                {"sites", r.model.sites},     {"candidates", r.model.candidates},
-                {"checkpointed", r.model.checkpointed}, {"units", r.model.units},
-                {"policy", r.model.policy},           {"eval_modules", r.model.eval_modules}};
+namespace {
+
+// The model's part: its name, options, sites, the checkpoint under test and its inputs.
+nlohmann::json model_json(const Report& r) {
+  nlohmann::json m = {{"name", r.model.name},       {"options", r.model.options},
+                      {"sites", r.model.sites},     {"candidates", r.model.candidates},
+                      {"checkpointed", r.model.checkpointed}, {"units", r.model.units},
+                      {"policy", r.model.policy},           {"eval_modules", r.model.eval_modules}};
   if (!r.model.checkpoint.empty()) {
-    j["model"]["checkpoint"] = r.model.checkpoint;
-    j["model"]["checkpoint_reason"] = r.model.checkpoint_reason;
+    m["checkpoint"] = r.model.checkpoint;
+    m["checkpoint_reason"] = r.model.checkpoint_reason;
   }
   if (r.command != "validate-op") {
-    j["model"]["inputs"] = nlohmann::json::array();
+    m["inputs"] = nlohmann::json::array();
     for (const auto& in : r.model.inputs) {
-      j["model"]["inputs"].push_back({{"shape", in.shape}, {"dtype", in.dtype}, {"requires_grad", in.requires_grad}});
+      m["inputs"].push_back({{"shape", in.shape}, {"dtype", in.dtype}, {"requires_grad", in.requires_grad}});
     }
   }
-  j["config"] = r.config;
-  j["checks"] = nlohmann::json::array();
-  for (const auto& c : r.checks) {
-    nlohmann::json cj = {{"id", c.id}, {"status", status_name(c.status)}, {"summary", c.summary}};
-    cj["findings"] = nlohmann::json::array();
-    for (const auto& f : c.findings) {
-      cj["findings"].push_back({{"cause", cause_name(f.cause)},
-                                {"site", f.site},
-                                {"tensor", f.tensor},
-                                {"message", f.message},
-                                {"hint", f.hint},
-                                {"details", f.details}});
-    }
-    cj["details"] = c.details;
-    j["checks"].push_back(cj);
+  return m;
+}
+
+nlohmann::json check_json(const CheckResult& c) {
+  nlohmann::json cj = {{"id", c.id}, {"status", status_name(c.status)}, {"summary", c.summary}};
+  cj["findings"] = nlohmann::json::array();
+  for (const auto& f : c.findings) {
+    cj["findings"].push_back({{"cause", cause_name(f.cause)},
+                              {"site", f.site},
+                              {"tensor", f.tensor},
+                              {"message", f.message},
+                              {"hint", f.hint},
+                              {"details", f.details}});
   }
-  j["tensors"] = nlohmann::json::array();
-  for (const auto& d : r.tensors) j["tensors"].push_back(diff_json(d));
+  cj["details"] = c.details;
+  return cj;
+}
+
+nlohmann::json cost_json(const CheckCost& cost) {
+  nlohmann::json phases = nlohmann::json::array();  // in the order they ran
+  for (const auto& [name, seconds] : cost.phases) phases.push_back({{"part", name}, {"cpu_seconds", seconds}});
+  return {{"plain_steps", cost.plain_steps()},
+          {"cpu_seconds", cost.seconds},
+          {"plain_step_cpu_seconds", cost.plain_step_seconds},
+          {"phases", phases}};
+}
+
+// The parts only some commands have: diagnosis, validation, bench, plan, cost, selftest, plant,
+// baseline.
+void add_command_parts(const Report& r, nlohmann::json& j) {
   if (r.diagnosis) j["diagnosis"] = diagnosis_json(*r.diagnosis);
   if (r.validation) j["validation"] = validation_json(*r.validation);
   if (r.bench) {
@@ -165,14 +173,7 @@ nlohmann::json report_json(const Report& r) {
     j["plan"] = plan_json(*r.plan);
     j["plan"]["run_command"] = r.plan_command.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.plan_command);
   }
-  if (r.cost) {
-    nlohmann::json phases = nlohmann::json::array();  // in the order they ran
-    for (const auto& [name, seconds] : r.cost->phases) phases.push_back({{"part", name}, {"cpu_seconds", seconds}});
-    j["cost"] = {{"plain_steps", r.cost->plain_steps()},
-                 {"cpu_seconds", r.cost->seconds},
-                 {"plain_step_cpu_seconds", r.cost->plain_step_seconds},
-                 {"phases", phases}};
-  }
+  if (r.cost) j["cost"] = cost_json(*r.cost);
   if (r.selftest) j["selftest"] = selftest_json(*r.selftest);
   if (r.plant) {
     j["plant"] = {{"plant", r.plant->plant}, {"site", r.plant->site}, {"cause", r.plant->cause},
@@ -182,6 +183,25 @@ nlohmann::json report_json(const Report& r) {
     j["baseline"] = {{"file", r.baseline->path}, {"unchanged", r.baseline->changes.empty()},
                      {"changes", r.baseline->changes}};
   }
+}
+
+}  // namespace
+
+nlohmann::json report_json(const Report& r) {
+  nlohmann::json j;
+  j["tool"] = "ckcheck";
+  j["version"] = ckcheck_version();
+  const auto b = build_info();
+  j["build"] = {{"ckcheck", b.ckcheck}, {"libtorch", b.libtorch}, {"cuda", b.cuda}, {"cuda_version", b.cuda_version}};
+  j["command"] = r.command;
+  j["verdict"] = verdict_name(r.verdict);
+  j["model"] = model_json(r);
+  j["config"] = r.config;
+  j["checks"] = nlohmann::json::array();
+  for (const auto& c : r.checks) j["checks"].push_back(check_json(c));
+  j["tensors"] = nlohmann::json::array();
+  for (const auto& d : r.tensors) j["tensors"].push_back(diff_json(d));
+  add_command_parts(r, j);
   j["seconds"] = r.seconds;
   j["reproduce"] = r.reproduce;
   return j;
@@ -248,18 +268,10 @@ nlohmann::json validation_json(const OpValidation& v) {
           {"causes", validation_causes(v)}, {"notes", v.notes}, {"cases", v.cases}};
 }
 
-nlohmann::json plan_json(const MemoryPlan& p) {
-  nlohmann::json j;
-  const auto& f = p.profile;
-  j["memory_budget_bytes"] = p.memory_budget_bytes;
-  j["baseline_bytes"] = f.baseline_bytes;
-  j["recommendation"] = p.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.recommendation);
-  j["recommendation_reason"] = p.reason;
-  j["fits"] = p.fits;
-  j["solver"] = {{"method", p.solver},
-                 {"states", p.stats.states},
-                 {"largest_front", p.stats.largest_front},
-                 {"sac_subsets", p.sac_subsets}};
+namespace {
+
+// The plain step's profile: per site, per stretch of the step, per op class.
+nlohmann::json profile_json(const StepProfile& f) {
   nlohmann::json sites = nlohmann::json::array(), regions = nlohmann::json::array();
   for (const auto& s : f.sites) {
     sites.push_back({{"site", s.site}, {"input_bytes", s.input_bytes}, {"output_bytes", s.output_bytes},
@@ -276,37 +288,57 @@ nlohmann::json plan_json(const MemoryPlan& p) {
     classes.push_back({{"op", c.op}, {"calls", c.calls}, {"bytes", c.bytes()}, {"seconds", c.seconds()},
                        {"site_bytes", c.site_bytes}, {"site_seconds", c.site_seconds}});
   }
-  j["profile"] = {{"steps", f.steps},   {"step_seconds", f.step_seconds}, {"peak_bytes", f.peak_bytes},
-                  {"sites", sites},     {"regions", regions},             {"uncalibrated", f.uncalibrated},
-                  {"calibration_note", f.calibration_note},
-                  {"every_site_peak_bytes", predict_peak(f, std::vector<bool>(f.sites.size(), true))},
-                  {"op_classes", classes},
-                  {"op_classes_note", f.op_classes_note}};
-  j["attempts"] = nlohmann::json::array();
-  for (const auto& a : p.attempts) {
-    nlohmann::json aj = {{"policy", a.policy},
-                         {"sites", a.sites},
-                         {"saved_ops", a.saved_ops},
-                         {"predicted_peak_bytes", a.predicted_peak_bytes},
-                         {"predicted_total_bytes", a.predicted_peak_bytes + f.baseline_bytes},
-                         {"peak_where", a.peak_where},
-                         {"predicted_step_seconds", a.predicted_seconds},
-                         {"predicted_time_ratio", f.step_seconds > 0 ? a.predicted_seconds / f.step_seconds : 1.0},
-                         {"checks", a.checks.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.checks)},
-                         {"check_failures", a.check_failures},
-                         {"set_aside", a.set_aside},
-                         {"outcome", a.outcome}};
-    aj["measured_peak_bytes"] = aj["measured_total_bytes"] = aj["measured_time_ratio"] = aj["peak_error"] = nullptr;
-    if (const auto* b = measured_plan(p, a.policy)) {
-      aj["measured_peak_bytes"] = b->measurement.peak_bytes;
-      aj["measured_total_bytes"] = b->measurement.peak_bytes + b->measurement.baseline_bytes;
-      aj["measured_time_ratio"] = b->time_ratio;
-      if (b->measurement.peak_bytes > 0) {
-        aj["peak_error"] = static_cast<double>(a.predicted_peak_bytes - b->measurement.peak_bytes) / static_cast<double>(b->measurement.peak_bytes);
-      }
+  return {{"steps", f.steps},   {"step_seconds", f.step_seconds}, {"peak_bytes", f.peak_bytes},
+          {"sites", sites},     {"regions", regions},             {"uncalibrated", f.uncalibrated},
+          {"calibration_note", f.calibration_note},
+          {"every_site_peak_bytes", predict_peak(f, std::vector<bool>(f.sites.size(), true))},
+          {"op_classes", classes},
+          {"op_classes_note", f.op_classes_note}};
+}
+
+// One plan tried: predicted, checked, and measured where it was.
+nlohmann::json attempt_json(const MemoryPlan& p, const PlanAttempt& a) {
+  const auto& f = p.profile;
+  nlohmann::json aj = {{"policy", a.policy},
+                       {"sites", a.sites},
+                       {"saved_ops", a.saved_ops},
+                       {"predicted_peak_bytes", a.predicted_peak_bytes},
+                       {"predicted_total_bytes", a.predicted_peak_bytes + f.baseline_bytes},
+                       {"peak_where", a.peak_where},
+                       {"predicted_step_seconds", a.predicted_seconds},
+                       {"predicted_time_ratio", f.step_seconds > 0 ? a.predicted_seconds / f.step_seconds : 1.0},
+                       {"checks", a.checks ? nlohmann::json(verdict_name(*a.checks)) : nlohmann::json(nullptr)},
+                       {"check_failures", a.check_failures},
+                       {"set_aside", a.set_aside},
+                       {"outcome", a.outcome}};
+  aj["measured_peak_bytes"] = aj["measured_total_bytes"] = aj["measured_time_ratio"] = aj["peak_error"] = nullptr;
+  if (const auto* b = measured_plan(p, a.policy)) {
+    aj["measured_peak_bytes"] = b->measurement.peak_bytes;
+    aj["measured_total_bytes"] = b->measurement.peak_bytes + b->measurement.baseline_bytes;
+    aj["measured_time_ratio"] = b->time_ratio;
+    if (b->measurement.peak_bytes > 0) {
+      aj["peak_error"] = static_cast<double>(a.predicted_peak_bytes - b->measurement.peak_bytes) / static_cast<double>(b->measurement.peak_bytes);
     }
-    j["attempts"].push_back(aj);
   }
+  return aj;
+}
+
+}  // namespace
+
+nlohmann::json plan_json(const MemoryPlan& p) {
+  nlohmann::json j;
+  j["memory_budget_bytes"] = p.memory_budget_bytes;
+  j["baseline_bytes"] = p.profile.baseline_bytes;
+  j["recommendation"] = p.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.recommendation);
+  j["recommendation_reason"] = p.reason;
+  j["fits"] = p.fits;
+  j["solver"] = {{"method", p.solver},
+                 {"states", p.stats.states},
+                 {"largest_front", p.stats.largest_front},
+                 {"sac_subsets", p.sac_subsets}};
+  j["profile"] = profile_json(p.profile);
+  j["attempts"] = nlohmann::json::array();
+  for (const auto& a : p.attempts) j["attempts"].push_back(attempt_json(p, a));
   j["measured"] = bench_json(p.measured);
   return j;
 }

@@ -127,7 +127,7 @@ std::vector<ChartPoint> chart_points(const BenchResult& r) {
     if (p.measurement.step_seconds.empty()) continue;
     pts.push_back({p.policy, ratio ? p.time_ratio : p.time_median_s * 1e3, ratio ? p.time_ratio_low : p.time_min_s * 1e3,
                    ratio ? p.time_ratio_high : p.time_max_s * 1e3, static_cast<double>(p.measurement.peak_bytes) / 1048576.0,
-                   p.fits, p.ranked, !p.checks.empty() && p.checks != "pass",
+                   p.fits, p.ranked, p.checks && p.checks != Verdict::kPass,
                    !r.recommendation.empty() && r.recommendation == p.policy});
   }
   return pts;
@@ -367,7 +367,7 @@ std::vector<BenchRow> bench_rows(const BenchResult& r) {
     row.policy = p.policy;
     row.units = std::to_string(p.checkpointed.size());
     row.note = p.note;
-    row.checks = p.checks.empty() ? "-" : p.checks;
+    row.checks = p.checks ? verdict_name(*p.checks) : "-";
     if (!p.not_ranked.empty()) row.note = "not ranked: " + p.not_ranked;
     if (p.measurement.step_seconds.empty()) {
       row.peak = row.peak_ratio = row.analytic = row.time = row.time_ratio = "-";
@@ -440,7 +440,7 @@ std::vector<PlanRow> plan_rows(const MemoryPlan& p) {
     row.units = std::to_string(a.sites.size());
     row.predicted_peak = bytes_text(static_cast<double>(a.predicted_peak_bytes));
     row.predicted_time = plain > 0 ? fmt::format("{:.2f}", a.predicted_seconds / plain) : "-";
-    row.checks = a.checks.empty() ? "-" : a.checks;
+    row.checks = a.checks ? verdict_name(*a.checks) : "-";
     row.outcome = a.outcome;
     row.measured_peak = row.peak_error = row.measured_time = "-";
     if (const auto* m = measured_plan(p, a.policy)) {

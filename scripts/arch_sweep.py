@@ -536,10 +536,11 @@ def ckcheck_verdicts(model, inputs, blocks, modes=MODES, own_loss=False):
             else:
                 options.update(checkpoint=mode, sites=None if mode == "model" else blocks)
             r = ckcheck.run(model, dict(inputs), **options)
-            bad = [f"{c['id']} ({', '.join(sorted({f['cause'] for f in c['findings']}))})"
-                   for c in r["checks"] if c["status"] in ("fail", "error")]
-            warned = sorted({f["cause"] for c in r["checks"] if c["status"] == "warn" for f in c["findings"]})
-            out[mode] = {"verdict": r["verdict"], "failing": bad, "warnings": warned}
+            failing = (ckcheck.Status.FAIL, ckcheck.Status.ERROR)
+            bad = [f"{c.id} ({', '.join(sorted({f.cause.value for f in c.findings}))})"
+                   for c in r.checks if c.status in failing]
+            warned = sorted({f.cause.value for c in r.checks if c.status is ckcheck.Status.WARN for f in c.findings})
+            out[mode] = {"verdict": r.verdict.value, "failing": bad, "warnings": warned}
         except ckcheck.UsageError as e:
             out[mode] = {"verdict": "refused", "failing": [str(e)[:160]], "warnings": []}
     return out
@@ -550,13 +551,15 @@ def agree(truth_text, verdict):
     told by float64, allowed) and fails -- not refuses, not errs -- where it differs. Only where
     PyTorch itself raises, or the plain step does not repeat, is any verdict but pass right. None
     where the truth is unknown (skipped, or rounding undecided)."""
+    from ckcheck import Verdict  # a verdict read back from the sweep's results is one of its words, or "refused"
+
     if truth_text.startswith(("skip", "undecided")):
         return None
     if truth_text in ("equal", "rounding"):
-        return verdict == "pass"
+        return verdict == Verdict.PASS
     if truth_text.startswith(("raises", "plain step not repeatable")):
-        return verdict != "pass"
-    return verdict == "fail"
+        return verdict != Verdict.PASS
+    return verdict == Verdict.FAIL
 
 
 def run_one(case):

@@ -734,17 +734,7 @@ class CheckpointNode : public torch::autograd::Node {
     // Under create_graph the engine runs backward with grad mode on: the gradients then carry the
     // recomputed graph, which reaches the inputs themselves, so a second derivative is exact.
     const bool create_graph = torch::GradMode::is_enabled();
-    std::vector<Tensor> buffers;  // values the forward left, put back once gradients have flowed
-    if (!s.options.restore_buffers().empty()) {
-      Quiet quiet;
-      for (const auto& b : s.options.restore_buffers()) buffers.push_back(b.detach().clone());
-    }
-    if (s.options.observer()) {
-      const std::vector<Tensor> caller_inputs(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
-      s.options.observer()->recompute_begin(s.call, caller_inputs, grad_outputs);
-    }
-    if (s.options.check_input_versions()) check_inputs_unchanged(s);
-
+    std::vector<Tensor> buffers = begin_recompute(s, grad_outputs);  // put back once gradients have flowed
     if (create_graph) refuse_dependent_inputs(s, slots);
     std::vector<Tensor> recompute_inputs;
     const uint64_t recomputed_from = at::sequence_number::peek();
@@ -763,28 +753,55 @@ class CheckpointNode : public torch::autograd::Node {
     grad_outputs.clear();
     variable_list result(s.inputs.size());  // one per edge
     if (!roots.empty() && !slots.empty()) {
-      std::vector<Tensor> targets;
-      c10::SmallVector<bool, 8> leaf_params;
-      targets.reserve(slots.size());
-      for (const auto i : slots) {
-        targets.push_back(i < s.num_inputs ? recompute_inputs[i] : s.inputs[i]);
-        leaf_params.push_back(i >= s.num_inputs && s.inputs[i].is_leaf());
-      }
-      std::optional<std::vector<Tensor>> found;
-      if (!create_graph && SegmentBackward::applies(grads) && SegmentBackward::applies(targets)) {
-        found = SegmentBackward::run(roots, grads, targets, leaf_params, recomputed_from);
-      }
-      if (!found) {
-        std::vector<Tensor> outside;  // the tensors of the caller's graph among the targets
-        for (const auto i : slots) {
-          if (i >= s.num_inputs || create_graph) outside.push_back(s.inputs[i]);
-        }
-        HooksSetAside aside(outside);
-        found = torch::autograd::grad(roots, targets, grads, /*retain_graph=*/create_graph, create_graph,
-                                      /*allow_unused=*/true);
-      }
-      for (size_t k = 0; k < slots.size(); ++k) result[slots[k]] = (*found)[k];
+      const auto found = gradients(s, roots, grads, slots, recompute_inputs, recomputed_from, create_graph);
+      for (size_t k = 0; k < slots.size(); ++k) result[slots[k]] = found[k];
     }
+    end_recompute(s, buffers, keep_graph);
+    return result;
+  }
+
+  // Before the recompute: the buffers to put back (copies of their forward values), the observer
+  // told, the inputs' versions checked.
+  static std::vector<Tensor> begin_recompute(CheckpointState& s, const variable_list& grad_outputs) {
+    std::vector<Tensor> buffers;
+    if (!s.options.restore_buffers().empty()) {
+      Quiet quiet;
+      for (const auto& b : s.options.restore_buffers()) buffers.push_back(b.detach().clone());
+    }
+    if (s.options.observer()) {
+      const std::vector<Tensor> caller_inputs(s.inputs.begin(), s.inputs.begin() + static_cast<int64_t>(s.num_inputs));
+      s.options.observer()->recompute_begin(s.call, caller_inputs, grad_outputs);
+    }
+    if (s.options.check_input_versions()) check_inputs_unchanged(s);
+    return buffers;
+  }
+
+  // The gradients of the slots' tensors, through the recomputed graph: walked here where that
+  // applies (SegmentBackward), else by a nested engine call.
+  static std::vector<Tensor> gradients(const CheckpointState& s, std::vector<Tensor>& roots, std::vector<Tensor>& grads,
+                                       c10::ArrayRef<size_t> slots, const std::vector<Tensor>& recompute_inputs,
+                                       uint64_t recomputed_from, bool create_graph) {
+    std::vector<Tensor> targets;
+    c10::SmallVector<bool, 8> leaf_params;
+    targets.reserve(slots.size());
+    for (const auto i : slots) {
+      targets.push_back(i < s.num_inputs ? recompute_inputs[i] : s.inputs[i]);
+      leaf_params.push_back(i >= s.num_inputs && s.inputs[i].is_leaf());
+    }
+    if (!create_graph && SegmentBackward::applies(grads) && SegmentBackward::applies(targets)) {
+      if (auto found = SegmentBackward::run(roots, grads, targets, leaf_params, recomputed_from)) return *found;
+    }
+    std::vector<Tensor> outside;  // the tensors of the caller's graph among the targets
+    for (const auto i : slots) {
+      if (i >= s.num_inputs || create_graph) outside.push_back(s.inputs[i]);
+    }
+    HooksSetAside aside(outside);
+    return torch::autograd::grad(roots, targets, grads, /*retain_graph=*/create_graph, create_graph,
+                                 /*allow_unused=*/true);
+  }
+
+  // After the gradients: the buffers put back, the saved activations released.
+  static void end_recompute(CheckpointState& s, const std::vector<Tensor>& buffers, bool keep_graph) {
     if (!buffers.empty()) {
       // Only now: the recomputed graph may have saved these very tensors (batch_norm does), and
       // writing them earlier would fail its version check.
@@ -798,7 +815,6 @@ class CheckpointNode : public torch::autograd::Node {
       s.inputs.clear();
       s.fn = nullptr;  // and what the function holds
     }
-    return result;
   }
 
   CheckpointState state_;
@@ -809,6 +825,60 @@ class CheckpointNode : public torch::autograd::Node {
 
 namespace ckcheck {
 namespace {
+
+// The function run without autograd (nothing inside it is kept for the backward), watched for
+// the tensors it reads from outside; returns its outputs and fills `captured`.
+std::vector<Tensor> run_function(CheckpointState& s, const std::vector<Tensor>& inputs, bool grad_mode,
+                                 std::vector<Tensor>& captured) {
+  torch::NoGradGuard no_grad;
+  std::optional<CapturedTensors> watch;
+  if (grad_mode) watch.emplace(inputs);
+  const auto& observer = s.options.observer();
+  const auto entry_versions = s.options.check_input_versions() ? versions_of(inputs) : Versions();
+  if (observer) observer->forward_begin(s.call, inputs);
+  auto outputs = s.fn(inputs);
+  if (observer) observer->forward_end(s.call, inputs, outputs);
+  if (watch) captured = watch->take();
+  if (grad_mode) {
+    // An output that requires grad and was not made by the function is a tensor from outside
+    // returned as is (a parameter): read from outside like any captured tensor, so that its
+    // gradient reaches it through the node.
+    for (const auto& out : outputs) {
+      if (out.defined() && out.requires_grad() && !watch->made_inside(out) && !shares_impl(out, inputs) &&
+          !shares_impl(out, captured)) {
+        captured.push_back(out);
+      }
+    }
+  }
+  captured = settle_dependent_captures(s.call, std::move(captured));
+  for (size_t i = 0; i < entry_versions.size(); ++i) {
+    const auto exit_version = static_cast<int64_t>(inputs[i]._version());
+    TORCH_CHECK(exit_version == entry_versions[i], where(s.call), ": the checkpointed function changed its input ",
+                i, " in place (version ", entry_versions[i], " -> ", exit_version,
+                "), so the recompute would start from other data and the gradients would be "
+                "wrong; clone the input before changing it, or move the in-place op out of "
+                "the checkpointed segment");
+  }
+  return outputs;
+}
+
+// Each output a tensor of its own, its size and dtype kept for the recompute's check (run Quiet).
+void own_outputs(CheckpointState& s, std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                 const std::vector<Tensor>& captured) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    auto& out = outputs[i];
+    TORCH_CHECK(out.defined(), where(s.call), ": output ", i,
+                " of the checkpointed function is an undefined tensor; return defined tensors only");
+    // A view (of an input, or of an intermediate changed in place, pytorch#26546) would be
+    // rebased by autograd's view logic onto a graph that bypasses this checkpoint's backward, and
+    // a tensor from outside returned as is would alias it: hand out a tensor of its own instead.
+    if (out.is_view() || out.requires_grad() || shares_impl(out, inputs) || shares_impl(out, captured)) {
+      torch::NoGradGuard no_grad;
+      out = out.clone();
+    }
+    s.output_meta.emplace_back(out.sizes(), out.scalar_type());
+  }
+}
 
 // The call itself; `fn` is taken by value and moved into the state, not copied again.
 std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inputs, const CheckpointOptions& options) {
@@ -823,56 +893,10 @@ std::vector<Tensor> checkpoint_call(TensorsFn fn, const std::vector<Tensor>& inp
   const bool grad_mode = torch::GradMode::is_enabled();
   if (s.options.preserve_rng_state()) s.rng = RngFork::capture();
   s.autocast = AutocastState::capture();
-
-  std::vector<Tensor> outputs;
   std::vector<Tensor> captured;
-  {
-    // The function runs without autograd: nothing inside it is kept for the backward.
-    torch::NoGradGuard no_grad;
-    std::optional<CapturedTensors> watch;
-    if (grad_mode) watch.emplace(inputs);
-    const auto& observer = s.options.observer();
-    const auto entry_versions = s.options.check_input_versions() ? versions_of(inputs) : Versions();
-    if (observer) observer->forward_begin(s.call, inputs);
-    outputs = s.fn(inputs);
-    if (observer) observer->forward_end(s.call, inputs, outputs);
-    if (watch) captured = watch->take();
-    if (grad_mode) {
-      // An output that requires grad and was not made by the function is a tensor from outside
-      // returned as is (a parameter): read from outside like any captured tensor, so that its
-      // gradient reaches it through the node.
-      for (const auto& out : outputs) {
-        if (out.defined() && out.requires_grad() && !watch->made_inside(out) && !shares_impl(out, inputs) &&
-            !shares_impl(out, captured)) {
-          captured.push_back(out);
-        }
-      }
-    }
-    captured = settle_dependent_captures(s.call, std::move(captured));
-    for (size_t i = 0; i < entry_versions.size(); ++i) {
-      const auto exit_version = static_cast<int64_t>(inputs[i]._version());
-      TORCH_CHECK(exit_version == entry_versions[i], where(s.call), ": the checkpointed function changed its input ",
-                  i, " in place (version ", entry_versions[i], " -> ", exit_version,
-                  "), so the recompute would start from other data and the gradients would be "
-                  "wrong; clone the input before changing it, or move the in-place op out of "
-                  "the checkpointed segment");
-    }
-  }
-
+  std::vector<Tensor> outputs = run_function(s, inputs, grad_mode, captured);
   Quiet quiet;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    auto& out = outputs[i];
-    TORCH_CHECK(out.defined(), where(s.call), ": output ", i,
-                " of the checkpointed function is an undefined tensor; return defined tensors only");
-    // A view (of an input, or of an intermediate changed in place, pytorch#26546) would be
-    // rebased by autograd's view logic onto a graph that bypasses this checkpoint's backward, and
-    // a tensor from outside returned as is would alias it: hand out a tensor of its own instead.
-    if (out.is_view() || out.requires_grad() || shares_impl(out, inputs) || shares_impl(out, captured)) {
-      torch::NoGradGuard no_grad;
-      out = out.clone();
-    }
-    s.output_meta.emplace_back(out.sizes(), out.scalar_type());
-  }
+  own_outputs(s, outputs, inputs, captured);
   s.inputs.reserve(inputs.size() + captured.size());
   s.inputs.insert(s.inputs.end(), inputs.begin(), inputs.end());
   s.inputs.insert(s.inputs.end(), captured.begin(), captured.end());

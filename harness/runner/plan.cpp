@@ -111,64 +111,86 @@ bool glob_match(const std::string& p, const std::string& t) {
   return pi == p.size();
 }
 
+namespace {
+
+// sites:GLOB[,GLOB]
+std::vector<std::string> parse_site_globs(const std::string& arg, const std::string& text) {
+  std::vector<std::string> globs;
+  for (const auto& g : split(arg, ',')) {
+    if (g.empty()) {
+      throw UsageError(fmt::format("policy '{}' has an empty glob; write sites:GLOB[,GLOB], as in "
+                                   "sites:*.attn",
+                                   text));
+    }
+    globs.push_back(g);
+  }
+  return globs;
+}
+
+// sac:OPS[@GLOB[+GLOB]]; '+' between ops (and sites) keeps a sac: policy one item of a
+// comma-separated --policies list.
+void parse_sac(const std::string& arg, const std::string& text, Policy& p) {
+  const auto at = arg.find('@');
+  std::string ops = arg.substr(0, at);
+  std::replace(ops.begin(), ops.end(), ',', '+');
+  if (at != std::string::npos) {
+    for (const auto& g : split(arg.substr(at + 1), '+')) {
+      if (g.empty()) {
+        throw UsageError(fmt::format("policy '{}' has an empty site glob; write sac:OPS@GLOB[+GLOB], as in "
+                                     "sac:aten.mm@blocks.0+blocks.1",
+                                     text));
+      }
+      p.globs.push_back(g);
+    }
+  }
+  for (const auto& op : split(ops, '+')) {
+    if (op.empty() || op.find('.') == std::string::npos) {
+      throw UsageError(fmt::format("policy '{}': '{}' is not an op; write sac:NAMESPACE.OP[+NAMESPACE.OP], as in "
+                                   "sac:aten.mm+aten.bmm (the ops saved; every other op is recomputed)",
+                                   text, op));
+    }
+    p.ops.push_back(op);
+  }
+}
+
+// budget:B, B from 0 to 1
+double parse_budget(const std::string& arg, const std::string& text) {
+  const auto v = parse_double(arg);
+  if (!v || !(*v >= 0.0 && *v <= 1.0)) {
+    throw UsageError(fmt::format("policy '{}': the memory budget is a number from 0 to 1, as in budget:0.5", text));
+  }
+  return *v;
+}
+
+}  // namespace
+
 Policy Policy::parse(const std::string& text) {
   Policy p;
   const auto colon = text.find(':');
+  const bool has_arg = colon != std::string::npos;
   const std::string head = text.substr(0, colon);
-  const std::string arg = colon == std::string::npos ? "" : text.substr(colon + 1);
-  if (head == "none" && colon == std::string::npos) {
+  const std::string arg = has_arg ? text.substr(colon + 1) : "";
+  if (head == "none" && !has_arg) {
     p.kind = Kind::kNone;
   } else if (head == "every") {
     p.kind = Kind::kEvery;
-    if (colon == std::string::npos) {
+    if (!has_arg) {
       throw UsageError(fmt::format("policy '{}' needs an interval, as in every:2; valid policies: {}",
                                    text, kPolicyForms));
     }
     p.k = parse_positive(arg, text);
   } else if (head == "segments") {
     p.kind = Kind::kSegments;
-    p.k = (colon == std::string::npos || arg == "sqrt") ? 0 : parse_positive(arg, text);
+    p.k = (!has_arg || arg == "sqrt") ? 0 : parse_positive(arg, text);
   } else if (head == "sites") {
     p.kind = Kind::kSites;
-    for (const auto& g : split(arg, ',')) {
-      if (g.empty()) {
-        throw UsageError(fmt::format("policy '{}' has an empty glob; write sites:GLOB[,GLOB], as in "
-                                     "sites:*.attn",
-                                     text));
-      }
-      p.globs.push_back(g);
-    }
-  } else if (head == "sac" && colon != std::string::npos) {
+    p.globs = parse_site_globs(arg, text);
+  } else if (head == "sac" && has_arg) {
     p.kind = Kind::kSac;
-    // '+' between ops (and sites) keeps a sac: policy one item of a comma-separated --policies list.
-    const auto at = arg.find('@');
-    std::string ops = arg.substr(0, at);
-    std::replace(ops.begin(), ops.end(), ',', '+');
-    if (at != std::string::npos) {
-      for (const auto& g : split(arg.substr(at + 1), '+')) {
-        if (g.empty()) {
-          throw UsageError(fmt::format("policy '{}' has an empty site glob; write sac:OPS@GLOB[+GLOB], as in "
-                                       "sac:aten.mm@blocks.0+blocks.1",
-                                       text));
-        }
-        p.globs.push_back(g);
-      }
-    }
-    for (const auto& op : split(ops, '+')) {
-      if (op.empty() || op.find('.') == std::string::npos) {
-        throw UsageError(fmt::format("policy '{}': '{}' is not an op; write sac:NAMESPACE.OP[+NAMESPACE.OP], as in "
-                                     "sac:aten.mm+aten.bmm (the ops saved; every other op is recomputed)",
-                                     text, op));
-      }
-      p.ops.push_back(op);
-    }
-  } else if (head == "budget" && colon != std::string::npos) {
+    parse_sac(arg, text, p);
+  } else if (head == "budget" && has_arg) {
     p.kind = Kind::kBudget;
-    const auto v = parse_double(arg);
-    if (!v || !(*v >= 0.0 && *v <= 1.0)) {
-      throw UsageError(fmt::format("policy '{}': the memory budget is a number from 0 to 1, as in budget:0.5", text));
-    }
-    p.budget = *v;
+    p.budget = parse_budget(arg, text);
   } else {
     throw UsageError(fmt::format("unknown policy '{}'; valid policies: {}", text, kPolicyForms));
   }

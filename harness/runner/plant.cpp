@@ -121,8 +121,11 @@ std::vector<torch::Tensor> Plant::planted(const SiteFn& fn, const std::vector<to
   }
   auto ys = fn(xs);
   const int out = largest_floating(ys);
-  if (out < 0) return ys;
-  auto& y = ys[out];
+  if (out >= 0) alter(ys[out], xs, recompute);
+  return ys;
+}
+
+void Plant::alter(torch::Tensor& y, const std::vector<torch::Tensor>& xs, bool recompute) {
   switch (kind_) {
     case PlantKind::kRngNotReplayed:
       // A checkpoint that lost the RNG state: the recompute's stream is one draw further on.
@@ -167,7 +170,6 @@ std::vector<torch::Tensor> Plant::planted(const SiteFn& fn, const std::vector<to
     case PlantKind::kAutocastLost:
       break;
   }
-  return ys;
 }
 
 }  // namespace ckcheck

@@ -70,6 +70,8 @@ class Plant {
 
  private:
   std::vector<torch::Tensor> planted(const SiteFn& fn, const std::vector<torch::Tensor>& xs);
+  // The plant's change to the site's largest floating-point output `y` (its inputs `xs`).
+  void alter(torch::Tensor& y, const std::vector<torch::Tensor>& xs, bool recompute);
 
   PlantKind kind_;
   std::string site_;

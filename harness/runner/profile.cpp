@@ -227,6 +227,50 @@ double OpClassCost::seconds() const {
   return t;
 }
 
+namespace {
+
+// "aten::mm" -> "aten.mm"; "" for a name without a namespace.
+std::string op_class_name(const std::string& name) {
+  const auto colon = name.find("::");
+  if (colon == std::string::npos) return "";
+  return name.substr(0, colon) + "." + name.substr(colon + 2);
+}
+
+// The traced forward's op classes per site, summed over the steps, and each site's traced time.
+// The ops autograd sees: the outermost ops that are not decomposed above it. `counted_at` holds,
+// per nesting depth, whether an op there (or one it runs inside) is already counted.
+std::map<std::string, OpClassCost> tally_op_classes(const std::vector<OpRecord>& records,
+                                                    const std::map<std::string, size_t>& index, size_t num_sites,
+                                                    std::vector<double>& traced) {
+  std::map<std::string, OpClassCost> classes;
+  std::vector<bool> counted_at;
+  for (const auto& r : records) {
+    counted_at.resize(static_cast<size_t>(r.depth) + 1);
+    const bool inside_counted = r.depth > 0 && counted_at[static_cast<size_t>(r.depth) - 1];
+    counted_at[static_cast<size_t>(r.depth)] = inside_counted || !r.composite;
+    if (inside_counted || r.composite || r.phase != Phase::kForward) continue;
+    const auto site = index.find(r.site);
+    if (site == index.end()) continue;
+    traced[site->second] += r.seconds;
+    const bool in_place = !r.name.empty() && r.name.back() == '_';
+    if (in_place || r.output_bytes <= 0 || is_creation_op(r.name)) continue;
+    const std::string op = op_class_name(r.name);
+    if (op.empty()) continue;
+    auto& c = classes[op];
+    if (c.op.empty()) {
+      c.op = op;
+      c.site_bytes.assign(num_sites, 0);
+      c.site_seconds.assign(num_sites, 0.0);
+    }
+    ++c.calls;
+    c.site_bytes[site->second] += r.output_bytes;
+    c.site_seconds[site->second] += r.seconds;
+  }
+  return classes;
+}
+
+}  // namespace
+
 void profile_op_classes(Runner& runner, StepProfile& p, int64_t warmup, int64_t steps) {
   steps = std::max<int64_t>(1, steps);
   std::map<std::string, size_t> index;
@@ -244,34 +288,8 @@ void profile_op_classes(Runner& runner, StepProfile& p, int64_t warmup, int64_t 
       return;
     }
   }
-  // The ops autograd sees: the outermost ops that are not decomposed above it. `open` holds, per
-  // nesting depth, whether an op there (or one it runs inside) is already counted.
-  std::map<std::string, OpClassCost> classes;
   std::vector<double> traced(p.sites.size(), 0.0);
-  std::vector<bool> counted_at;
-  for (const auto& r : records) {
-    counted_at.resize(static_cast<size_t>(r.depth) + 1);
-    const bool inside_counted = r.depth > 0 && counted_at[static_cast<size_t>(r.depth) - 1];
-    counted_at[static_cast<size_t>(r.depth)] = inside_counted || !r.composite;
-    if (inside_counted || r.composite || r.phase != Phase::kForward) continue;
-    const auto site = index.find(r.site);
-    if (site == index.end()) continue;
-    traced[site->second] += r.seconds;
-    const bool in_place = !r.name.empty() && r.name.back() == '_';
-    if (in_place || r.output_bytes <= 0 || is_creation_op(r.name)) continue;
-    const auto colon = r.name.find("::");
-    if (colon == std::string::npos) continue;
-    const std::string op = r.name.substr(0, colon) + "." + r.name.substr(colon + 2);
-    auto& c = classes[op];
-    if (c.op.empty()) {
-      c.op = op;
-      c.site_bytes.assign(p.sites.size(), 0);
-      c.site_seconds.assign(p.sites.size(), 0.0);
-    }
-    ++c.calls;
-    c.site_bytes[site->second] += r.output_bytes;
-    c.site_seconds[site->second] += r.seconds;
-  }
+  auto classes = tally_op_classes(records, index, p.sites.size(), traced);
   // Per step; the tracer's own cost taken out by scaling to the untraced forward.
   std::vector<double> scale(p.sites.size(), 1.0 / static_cast<double>(steps));
   for (size_t i = 0; i < p.sites.size(); ++i) {
@@ -293,22 +311,14 @@ void profile_op_classes(Runner& runner, StepProfile& p, int64_t warmup, int64_t 
   });
 }
 
-StepProfile profile_sites(Runner& runner, const std::vector<std::string>& sites, int64_t warmup, int64_t steps) {
+namespace {
+
+// Every site checkpointed; a site where the checkpointed step throws is left plain and measured
+// again without it (its figures are then estimated). `checkpointed` keeps the sites that were.
+std::unique_ptr<ProfilingSiteRunner> measure_checkpointed(Runner& runner, const std::vector<std::string>& sites,
+                                                          int64_t warmup, int64_t steps,
+                                                          std::set<std::string>& checkpointed, StepProfile& p) {
   const auto& device = runner.config().device;
-  ProfilingSiteRunner plain(sites, device, nullptr, {});
-  const auto m = runner.measure_with(plain, warmup, steps, &plain);
-  StepProfile p;
-  p.error = m.error;
-  p.baseline_bytes = m.baseline_bytes;
-  p.peak_bytes = m.peak_bytes;
-  p.step_seconds = median(m.step_seconds);
-  p.steps = static_cast<int64_t>(m.step_seconds.size());
-  p.sites = plain.costs();
-  p.regions = plain.regions();
-  if (!p.error.empty()) return p;
-  // Every site checkpointed; a site where the checkpointed step throws is left plain and measured
-  // again without it (its figures are then estimated).
-  std::set<std::string> checkpointed(sites.begin(), sites.end());
   std::unique_ptr<ProfilingSiteRunner> all;
   while (!checkpointed.empty()) {
     all = std::make_unique<ProfilingSiteRunner>(sites, device, &runner.model(), runner.config().checkpoint.options(), checkpointed);
@@ -330,15 +340,23 @@ StepProfile profile_sites(Runner& runner, const std::vector<std::string>& sites,
     if (!checkpointed.count(s)) p.uncalibrated.push_back(s);
   }
   if (!all) all = std::make_unique<ProfilingSiteRunner>(sites, device, nullptr, CheckpointOptions{});
-  // The backward peak of each site, plain and checkpointed.
-  auto backward_peaks = [&](const std::vector<PeakRegion>& regions) {
-    std::vector<std::optional<int64_t>> out(sites.size());
-    for (const auto& r : regions) {
-      if (r.recomputes) out[*r.recomputes] = r.peak_bytes;
-    }
-    return out;
-  };
-  const auto plain_backward = backward_peaks(p.regions), checkpointed_backward = backward_peaks(all->regions());
+  return all;
+}
+
+// The backward peak of each site (the region that recomputes it).
+std::vector<std::optional<int64_t>> backward_peaks(const std::vector<PeakRegion>& regions, size_t num_sites) {
+  std::vector<std::optional<int64_t>> out(num_sites);
+  for (const auto& r : regions) {
+    if (r.recomputes) out[*r.recomputes] = r.peak_bytes;
+  }
+  return out;
+}
+
+// Each site's forward time, what a checkpoint there frees and what its recompute adds.
+void site_figures(StepProfile& p, const ProfilingSiteRunner& plain, const ProfilingSiteRunner& all,
+                  const std::set<std::string>& checkpointed) {
+  const auto plain_backward = backward_peaks(p.regions, p.sites.size());
+  const auto checkpointed_backward = backward_peaks(all.regions(), p.sites.size());
   int64_t freed_before = 0;
   for (size_t i = 0; i < p.sites.size(); ++i) {
     auto& s = p.sites[i];
@@ -349,16 +367,35 @@ StepProfile profile_sites(Runner& runner, const std::vector<std::string>& sites,
     // difference of the checkpointed and plain stretches is four timings, and noise swamps it on a
     // loaded machine).
     s.recompute_seconds = s.forward_seconds;
-    if (checkpointed.count(s.site)) {
-      const auto& k = all->costs()[i];
-      // What the checkpointed forward still keeps (inputs it saves, RNG state) is not freed.
-      s.kept_bytes = std::max<int64_t>(0, s.kept_bytes - k.kept_bytes);
-      if (plain_backward[i] && checkpointed_backward[i]) {
-        s.recompute_extra_bytes = std::max<int64_t>(0, *checkpointed_backward[i] - (*plain_backward[i] - freed_before));
-      }
-      freed_before += s.kept_bytes;  // in the checkpointed step, the sites after it hold that much less
+    if (!checkpointed.count(s.site)) continue;
+    const auto& k = all.costs()[i];
+    // What the checkpointed forward still keeps (inputs it saves, RNG state) is not freed.
+    s.kept_bytes = std::max<int64_t>(0, s.kept_bytes - k.kept_bytes);
+    if (plain_backward[i] && checkpointed_backward[i]) {
+      s.recompute_extra_bytes = std::max<int64_t>(0, *checkpointed_backward[i] - (*plain_backward[i] - freed_before));
     }
+    freed_before += s.kept_bytes;  // in the checkpointed step, the sites after it hold that much less
   }
+}
+
+}  // namespace
+
+StepProfile profile_sites(Runner& runner, const std::vector<std::string>& sites, int64_t warmup, int64_t steps) {
+  const auto& device = runner.config().device;
+  ProfilingSiteRunner plain(sites, device, nullptr, {});
+  const auto m = runner.measure_with(plain, warmup, steps, &plain);
+  StepProfile p;
+  p.error = m.error;
+  p.baseline_bytes = m.baseline_bytes;
+  p.peak_bytes = m.peak_bytes;
+  p.step_seconds = median(m.step_seconds);
+  p.steps = static_cast<int64_t>(m.step_seconds.size());
+  p.sites = plain.costs();
+  p.regions = plain.regions();
+  if (!p.error.empty()) return p;
+  std::set<std::string> checkpointed(sites.begin(), sites.end());
+  auto all = measure_checkpointed(runner, sites, warmup, steps, checkpointed, p);
+  site_figures(p, plain, *all, checkpointed);
   return p;
 }
 

@@ -1,3 +1,4 @@
+#include "harness/support/enum_names.h"
 #include "harness/runner/runner.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -23,15 +24,8 @@ namespace ckcheck {
 using torch::Tensor;
 
 const char* amp_name(Amp amp) {
-  switch (amp) {
-    case Amp::kOff:
-      return "off";
-    case Amp::kBf16:
-      return "bf16";
-    case Amp::kFp16:
-      return "fp16";
-  }
-  return "";
+  static constexpr EnumName<Amp> kNames[] = {{Amp::kOff, "off"}, {Amp::kBf16, "bf16"}, {Amp::kFp16, "fp16"}};
+  return name_in(kNames, amp);
 }
 
 Amp parse_amp(const std::string& text) {
@@ -79,6 +73,7 @@ class EvidenceObserver : public CheckpointObserver {
       : record_(record), evidence_(evidence), tracer_(tracer), model_(model), plan_(plan) {}
 
   int64_t step = 1;
+  OpTracer* tracer() const { return tracer_; }
 
   void forward_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs) override {
     at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
@@ -704,6 +699,91 @@ CheckpointOptions checkpoint_options(const RunConfig& config, const StepOptions&
   return options.checkpoint.value_or(config.checkpoint).options();
 }
 
+// The steps of one Runner::run, micro-batch by micro-batch, recorded into `record`. Bookkeeping
+// runs with RecordFunction off (`quiet_`); the model's forward and backward with it on.
+class StepRun {
+ public:
+  StepRun(Model& model, const RunConfig& config, const StepOptions& options, StepRecord& record, SiteRunner& sites,
+          EvidenceObserver& observer)
+      : model_(model), config_(config), options_(options), record_(record), sites_(sites), observer_(observer),
+        part_(participant_of(config, options)), tp_(observer.tracer()), plant_(config.plant.get()),
+        autocast_(autocast_for(options.amp.value_or(config.amp), config.device)) {}
+
+  void run(const ModelState& start) {
+    quiet_.emplace();
+    const ParticipantRun taking_part(part_);
+    const auto inputs = start_run(model_, start, config_.seed, part_, record_);
+    if (plant_) plant_->begin_run(model_, config_.seed);
+    params_ = model_.named_parameters();
+    for (int64_t step = 1; step <= config_.steps; ++step) run_step(inputs, step);
+  }
+
+ private:
+  // One process on the whole batch beside data-parallel ranks: its gradient is the ranks' sum,
+  // world_size times their average, so the same update takes a step world_size times smaller.
+  double learning_rate() const {
+    return !options_.data_parallel && config_.data_parallel
+               ? config_.lr / static_cast<double>(config_.data_parallel->world_size())
+               : config_.lr;
+  }
+
+  void run_step(const std::vector<Tensor>& inputs, int64_t step) {
+    observer_.step = step;
+    for (const auto& [name, p] : params_) p.mutable_grad() = Tensor();
+    const auto versions = parameter_versions(params_);
+    for (int64_t mb = 1; mb <= config_.accumulate; ++mb) run_micro_batch(inputs, step, mb);
+    part_.end_step(params_);
+    observer_.flush();
+    record_gradients_and_state(record_, model_, params_, input_grads_, step, versions);
+    if (plant_) record_planted_state(record_, *plant_, step);
+    if (step < config_.steps) sgd_update(params_, learning_rate());
+  }
+
+  void run_micro_batch(const std::vector<Tensor>& inputs, int64_t step, int64_t mb) {
+    if (tp_) tp_->set_phase(Phase::kForward);
+    const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1),
+                                config_.input_requires_grad, config_.compute_dtype);
+    const auto rng_before = RngState::capture();
+    quiet_.reset();
+    const auto outs = forward_under(autocast_, model_, xs, sites_);
+    quiet_.emplace();
+    record_.forward_draws = record_.forward_draws || RngState::capture() != rng_before;
+    // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
+    auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, part_);
+    if (plant_) add_planted_terms(up, *plant_);
+    record_outputs(record_, outs, up.loss, step, mb);
+    if (step == 1 && mb == 1) record_.output_structure = model_.output_structure();
+    if (tp_) tp_->set_phase(Phase::kBackward);
+    backward(up, step, mb);
+    keep_input_grads(input_grads_, xs, step, mb);
+    if (mb < config_.accumulate) record_partial_grads(record_, params_, step, mb);
+  }
+
+  void backward(const Upstream& up, int64_t step, int64_t mb) {
+    ParameterHooks hooks(params_, part_, options_.count_hooks);
+    quiet_.reset();
+    if (plant_) plant_->set_backward(true);
+    if (!up.roots.empty()) torch::autograd::backward(up.roots, up.grads);
+    if (plant_) plant_->set_backward(false);
+    quiet_.emplace();
+    hooks.record(record_, step, mb, part_);
+  }
+
+  Model& model_;
+  const RunConfig& config_;
+  const StepOptions& options_;
+  StepRecord& record_;
+  SiteRunner& sites_;
+  EvidenceObserver& observer_;
+  StepParticipant& part_;
+  OpTracer* tp_;
+  Plant* plant_;
+  const std::optional<AutocastState> autocast_;
+  std::optional<at::DisableRecordFunctionGuard> quiet_;
+  NamedTensors params_;
+  std::vector<TensorRecord> input_grads_;
+};
+
 }  // namespace
 
 CheckpointOptions CheckpointProtections::options() const {
@@ -718,7 +798,6 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   StepRecord record;
   record.label = label;
   set_phase(label == "reference" ? "the plain step" : label == "checkpointed" ? "the checkpointed step" : "a further step");
-  const auto autocast = autocast_for(options.amp.value_or(config_.amp), config_.device);
   std::optional<OpTracer> tracer;
   if (options.trace != TraceLevel::kNone) {
     tracer.emplace(options.trace, options.value_budget_bytes, options.value_site,
@@ -730,58 +809,10 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   if (plan && (options.evidence || tp)) base.observer(observer);
   Plant* plant = config_.plant.get();
   PlanSiteRunner sites(plan, base, model_, config_.checkpoint.restore_buffers, tp, plant);
-  StepParticipant& part = participant_of(config_, options);
   const auto t0 = std::chrono::steady_clock::now();
   const double cpu0 = process_cpu_seconds();
   try {
-    std::optional<at::DisableRecordFunctionGuard> quiet(std::in_place);  // bookkeeping, not the step
-    const ParticipantRun taking_part(part);
-    const auto inputs = start_run(model_, start_, config_.seed, part, record);
-    if (plant) plant->begin_run(model_, config_.seed);
-    const auto params = model_.named_parameters();
-    // One process on the whole batch beside data-parallel ranks: its gradient is the ranks' sum,
-    // world_size times their average, so the same update takes a step world_size times smaller.
-    const double lr = !options.data_parallel && config_.data_parallel
-                          ? config_.lr / static_cast<double>(config_.data_parallel->world_size())
-                          : config_.lr;
-    std::vector<TensorRecord> input_grads;
-    for (int64_t step = 1; step <= config_.steps; ++step) {
-      observer->step = step;
-      for (const auto& [name, p] : params) p.mutable_grad() = Tensor();
-      const auto versions = parameter_versions(params);
-      for (int64_t mb = 1; mb <= config_.accumulate; ++mb) {
-        if (tp) tp->set_phase(Phase::kForward);
-        const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1), config_.input_requires_grad,
-                                    config_.compute_dtype);
-        const auto rng_before = RngState::capture();
-        quiet.reset();
-        const auto outs = forward_under(autocast, model_, xs, sites);
-        quiet.emplace();
-        record.forward_draws = record.forward_draws || RngState::capture() != rng_before;
-        // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
-        auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, part);
-        if (plant) add_planted_terms(up, *plant);
-        record_outputs(record, outs, up.loss, step, mb);
-        if (step == 1 && mb == 1) record.output_structure = model_.output_structure();
-        if (tp) tp->set_phase(Phase::kBackward);
-        {
-          ParameterHooks hooks(params, part, options.count_hooks);
-          quiet.reset();
-          if (plant) plant->set_backward(true);
-          if (!up.roots.empty()) torch::autograd::backward(up.roots, up.grads);
-          if (plant) plant->set_backward(false);
-          quiet.emplace();
-          hooks.record(record, step, mb, part);
-        }
-        keep_input_grads(input_grads, xs, step, mb);
-        if (mb < config_.accumulate) record_partial_grads(record, params, step, mb);
-      }
-      part.end_step(params);
-      observer->flush();
-      record_gradients_and_state(record, model_, params, input_grads, step, versions);
-      if (plant) record_planted_state(record, *plant, step);
-      if (step < config_.steps) sgd_update(params, lr);
-    }
+    StepRun(model_, config_, options, record, sites, *observer).run(start_);
   } catch (const std::exception& e) {
     observer->flush();
     rethrow_stops(e);
@@ -846,6 +877,52 @@ int64_t baseline_bytes(const NamedTensors& params, const std::vector<Tensor>& xs
 
 }  // namespace
 
+namespace {
+
+// One measured step: its forward and backward times, CPU time, instructions and peak.
+struct TimedStep {
+  double forward = 0.0, backward = 0.0, cpu = 0.0;
+  std::optional<int64_t> instructions;
+  int64_t peak = 0;
+};
+
+TimedStep timed_step(Model& model, const RunConfig& config, SiteRunner& sites, const std::vector<Tensor>& xs,
+                     const std::optional<AutocastState>& autocast, StepWatch* watch, bool measured) {
+  auto& meter = MemoryMeter::of(config.device);
+  TimedStep t;
+  meter.reset_peak();
+  const int64_t before = meter.current_bytes();
+  if (watch) watch->step_begins(measured, before);
+  const double cpu0 = process_cpu_seconds();
+  const auto instructions0 = instruction_counter().read();
+  std::vector<Tensor> outs;
+  t.forward = time_on_device(config.device, [&] { outs = forward_under(autocast, model, xs, sites); });
+  // The same values every step, made afresh in each: a training step's backward makes its
+  // outputs' gradient (the loss's backward does), so every measured step holds it once -- a
+  // single measured step as much as the last of many.
+  const auto upstream = upstream_per_output(outs, config.seed);
+  std::vector<Tensor> roots, grads;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (outs[k].requires_grad() && upstream[k].defined()) {
+      roots.push_back(outs[k]);
+      grads.push_back(upstream[k]);
+    }
+  }
+  t.backward = time_on_device(config.device, [&] {
+    if (!roots.empty()) torch::autograd::backward(roots, grads);
+  });
+  outs.clear();
+  roots.clear();
+  t.cpu = process_cpu_seconds() - cpu0;
+  const auto instructions1 = instruction_counter().read();
+  if (instructions0 && instructions1) t.instructions = *instructions1 - *instructions0;
+  // A watch that resets the meter's peak keeps the step's peak itself.
+  t.peak = watch ? watch->step_ends() : meter.peak_bytes() - before;
+  return t;
+}
+
+}  // namespace
+
 Measurement Runner::measure(const Plan* plan, int64_t warmup, int64_t steps, bool through_engine) {
   PlanSiteRunner sites(plan, checkpoint_options(config_), model_, config_.checkpoint.restore_buffers, nullptr);
   return measure_with(sites, warmup, steps, nullptr, through_engine);
@@ -855,7 +932,6 @@ Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t step
                                  bool through_engine) {
   set_phase("measuring memory and time");
   Measurement m;
-  auto& meter = MemoryMeter::of(config_.device);
   const auto autocast = autocast_for(config_.amp, config_.device);
   try {
     model_.restore(start_);
@@ -874,40 +950,14 @@ Measurement Runner::measure_with(SiteRunner& sites, int64_t warmup, int64_t step
     m.baseline_bytes = baseline_bytes(params, xs);
     for (int64_t i = 0; i < warmup + steps; ++i) {
       zero_gradients(params, xs, /*allocate=*/false);
-      meter.reset_peak();
-      const int64_t before = meter.current_bytes();
-      if (watch) watch->step_begins(i >= warmup, before);
-      const double cpu0 = process_cpu_seconds();
-      const auto instructions0 = instruction_counter().read();
-      std::vector<Tensor> outs;
-      const double forward = time_on_device(config_.device, [&] { outs = forward_under(autocast, model_, xs, sites); });
-      // The same values every step, made afresh in each: a training step's backward makes its
-      // outputs' gradient (the loss's backward does), so every measured step holds it once -- a
-      // single measured step as much as the last of many.
-      const auto upstream = upstream_per_output(outs, config_.seed);
-      std::vector<Tensor> roots, grads;
-      for (size_t k = 0; k < outs.size(); ++k) {
-        if (outs[k].requires_grad() && upstream[k].defined()) {
-          roots.push_back(outs[k]);
-          grads.push_back(upstream[k]);
-        }
-      }
-      const double backward = time_on_device(config_.device, [&] {
-        if (!roots.empty()) torch::autograd::backward(roots, grads);
-      });
-      outs.clear();
-      roots.clear();
-      const double cpu = process_cpu_seconds() - cpu0;
-      const auto instructions1 = instruction_counter().read();
-      // A watch that resets the meter's peak keeps the step's peak itself.
-      const int64_t peak = watch ? watch->step_ends() : meter.peak_bytes() - before;
+      const auto t = timed_step(model_, config_, sites, xs, autocast, watch, i >= warmup);
       if (engine) dp->end_step(params);  // the engine ends its step (after the peak is read)
       if (i < warmup) continue;
-      m.cpu_seconds.push_back(cpu);
-      if (instructions0 && instructions1) m.instructions.push_back(*instructions1 - *instructions0);
-      m.step_seconds.push_back(forward + backward);
-      m.forward_seconds.push_back(forward);
-      m.peak_bytes = std::max(m.peak_bytes, peak);
+      m.cpu_seconds.push_back(t.cpu);
+      if (t.instructions) m.instructions.push_back(*t.instructions);
+      m.step_seconds.push_back(t.forward + t.backward);
+      m.forward_seconds.push_back(t.forward);
+      m.peak_bytes = std::max(m.peak_bytes, t.peak);
     }
   } catch (const c10::OutOfMemoryError& e) {
     m.fits = false;
@@ -1084,6 +1134,96 @@ class ProbeSiteRunner : public UnitSiteRunner {
     return {eq, worst};
   }
 
+  // The first call, and what it changed: random numbers drawn, host generators, handed state and
+  // the state the checks compare (buffers, attributes, training flags, extra state), by name.
+  std::vector<Tensor> first_call(UnitProbe& p, const SiteFn& fn, const std::vector<Tensor>& inputs,
+                                 const RngState& r0) {
+    std::map<std::string, Tensor> before;
+    for (const auto& [name, t] : model_.state_tensors()) before.emplace(name, copy_of(t));
+    const auto host_before = model_.host_generators();
+    const auto handed_before = model_.handed_state();
+    auto a = once(fn, inputs, &p.random_ops, &p.private_generator);
+    p.rng_consumed = RngState::capture() != r0;
+    p.host_generators = changed_digests(host_before, model_.host_generators());
+    p.handed_state = changed_digests(handed_before, model_.handed_state());
+    for (const auto& [name, t] : model_.state_tensors()) {
+      const auto it = before.find(name);
+      // Undefined is state too (an attribute that is None) and equals only itself; state the
+      // call added is changed state.
+      if (it == before.end() || !compare_tensors(it->second, t, Tolerance()).equal) p.changed_state.push_back(name);
+    }
+    return a;
+  }
+
+  // A second call that throws from the state the first left (a cache it appends to, of another
+  // length now) differs from it; the restarts say whether the state is the cause.
+  std::vector<Tensor> repeat_call(UnitProbe& p, const SiteFn& fn, const std::vector<Tensor>& inputs) {
+    try {
+      return once(fn, inputs, nullptr, nullptr);
+    } catch (const std::exception& e) {
+      rethrow_stops(e);
+      p.repeat_error = message_of(e);
+    }
+    return {};
+  }
+
+  // Calls from the restored state: any difference means the unit is non-deterministic. A
+  // non-deterministic op can agree by chance, so several restarts are tried.
+  void restarts(UnitProbe& p, const SiteFn& fn, const std::vector<Tensor>& inputs, const std::vector<Tensor>& a,
+                const ModelState& s0, const RngState& r0) {
+    for (int k = 0; k < kRestarts && p.restart_equal; ++k) {
+      model_.restore(s0);
+      r0.restore();
+      auto c = once(fn, inputs, nullptr, nullptr);
+      auto [restart_eq, d2] = same(a, c);
+      if (!restart_eq) {
+        p.restart_equal = false;
+        p.max_abs_diff = d2;
+        p.first_outputs = a;
+        p.other_outputs = c;
+      }
+    }
+  }
+
+  // The recompute of a checkpoint whose forward runs without autograd runs with it, its inputs
+  // requiring grad: a kernel chosen by whether gradients are needed (attention with a mask that
+  // requires grad) computes other values there.
+  void grad_mode_call(UnitProbe& p, const SiteFn& fn, const std::vector<Tensor>& inputs,
+                      const std::vector<Tensor>& a, const ModelState& s0, const RngState& r0) {
+    model_.restore(s0);
+    r0.restore();
+    std::vector<Tensor> g;
+    try {
+      torch::AutoGradMode grad(true);
+      g = once(fn, inputs, nullptr, nullptr, /*requiring_grad=*/true);
+    } catch (const std::exception& e) {
+      rethrow_stops(e);
+      g.clear();  // a unit that cannot run so (an in-place op on its input) shows nothing here
+    }
+    if (g.empty()) return;
+    for (auto& t : g) t = t.detach();
+    std::tie(p.grad_mode_equal, p.grad_mode_diff) = same(a, g);
+  }
+
+  void probe_calls(UnitProbe& p, const SiteFn& fn, const std::vector<Tensor>& inputs, const ModelState& s0,
+                   const RngState& r0) {
+    auto a = first_call(p, fn, inputs, r0);
+    r0.restore();
+    auto b = repeat_call(p, fn, inputs);
+    auto [repeat_eq, d1] = p.repeat_error.empty() ? same(a, b) : std::pair<bool, double>{false, 0.0};
+    p.repeat_equal = repeat_eq;
+    p.max_abs_diff = d1;
+    // Only when all restarts agree with the first call is a differing repeat put down to state
+    // the call changed.
+    restarts(p, fn, inputs, a, s0, r0);
+    if (p.restart_equal && !torch::GradMode::is_enabled()) grad_mode_call(p, fn, inputs, a, s0, r0);
+    if (!repeat_eq && p.restart_equal && p.repeat_error.empty()) {
+      p.first_outputs = a;
+      p.other_outputs = b;
+    }
+    if (repeat_eq && !p.restart_equal) p.repeat_equal = false;
+  }
+
   std::vector<Tensor> probe_unit(const std::string& label, const SiteFn& fn,
                                  const std::vector<Tensor>& inputs) {
     UnitProbe p;
@@ -1092,74 +1232,7 @@ class ProbeSiteRunner : public UnitSiteRunner {
     const ModelState s0 = model_.snapshot();
     const RngState r0 = RngState::capture();
     try {
-      // The state the checks compare (buffers, attributes, training flags, extra state), by name:
-      // what the first call changed is what a stateful finding names.
-      std::map<std::string, Tensor> before;
-      for (const auto& [name, t] : model_.state_tensors()) before.emplace(name, copy_of(t));
-      const auto host_before = model_.host_generators();
-      const auto handed_before = model_.handed_state();
-      auto a = once(fn, inputs, &p.random_ops, &p.private_generator);
-      p.rng_consumed = RngState::capture() != r0;
-      p.host_generators = changed_digests(host_before, model_.host_generators());
-      p.handed_state = changed_digests(handed_before, model_.handed_state());
-      for (const auto& [name, t] : model_.state_tensors()) {
-        const auto it = before.find(name);
-        // Undefined is state too (an attribute that is None) and equals only itself; state the
-        // call added is changed state.
-        if (it == before.end() || !compare_tensors(it->second, t, Tolerance()).equal) p.changed_state.push_back(name);
-      }
-      r0.restore();
-      // A second call that throws from the state the first left (a cache it appends to, of
-      // another length now) differs from it; the restarts say whether the state is the cause.
-      std::vector<Tensor> b;
-      try {
-        b = once(fn, inputs, nullptr, nullptr);
-      } catch (const std::exception& e) {
-        rethrow_stops(e);
-        p.repeat_error = message_of(e);
-      }
-      auto [repeat_eq, d1] = p.repeat_error.empty() ? same(a, b) : std::pair<bool, double>{false, 0.0};
-      p.repeat_equal = repeat_eq;
-      p.max_abs_diff = d1;
-      // Calls from the restored state: any difference means the unit is non-deterministic. A
-      // non-deterministic op can agree by chance, so several restarts are tried; only when all
-      // agree with the first call is a differing repeat put down to state the call changed.
-      for (int k = 0; k < kRestarts && p.restart_equal; ++k) {
-        model_.restore(s0);
-        r0.restore();
-        auto c = once(fn, inputs, nullptr, nullptr);
-        auto [restart_eq, d2] = same(a, c);
-        if (!restart_eq) {
-          p.restart_equal = false;
-          p.max_abs_diff = d2;
-          p.first_outputs = a;
-          p.other_outputs = c;
-        }
-      }
-      if (p.restart_equal && !torch::GradMode::is_enabled()) {
-        // The recompute of a checkpoint whose forward runs without autograd runs with it, its
-        // inputs requiring grad: a kernel chosen by whether gradients are needed (attention with
-        // a mask that requires grad) computes other values there.
-        model_.restore(s0);
-        r0.restore();
-        std::vector<Tensor> g;
-        try {
-          torch::AutoGradMode grad(true);
-          g = once(fn, inputs, nullptr, nullptr, /*requiring_grad=*/true);
-        } catch (const std::exception& e) {
-          rethrow_stops(e);
-          g.clear();  // a unit that cannot run so (an in-place op on its input) shows nothing here
-        }
-        if (!g.empty()) {
-          for (auto& t : g) t = t.detach();
-          std::tie(p.grad_mode_equal, p.grad_mode_diff) = same(a, g);
-        }
-      }
-      if (!repeat_eq && p.restart_equal && p.repeat_error.empty()) {
-        p.first_outputs = a;
-        p.other_outputs = b;
-      }
-      if (repeat_eq && !p.restart_equal) p.repeat_equal = false;
+      probe_calls(p, fn, inputs, s0, r0);
     } catch (const std::exception& e) {
       rethrow_stops(e);
       p.error = message_of(e);

@@ -1,3 +1,4 @@
+#include "harness/support/enum_names.h"
 #include "harness/runner/trace.h"
 
 #include <ATen/Context.h>
@@ -22,15 +23,9 @@
 namespace ckcheck {
 
 const char* phase_name(Phase phase) {
-  switch (phase) {
-    case Phase::kForward:
-      return "forward";
-    case Phase::kRecompute:
-      return "recompute";
-    case Phase::kBackward:
-      return "backward";
-  }
-  return "";
+  static constexpr EnumName<Phase> kNames[] = {
+      {Phase::kForward, "forward"}, {Phase::kRecompute, "recompute"}, {Phase::kBackward, "backward"}};
+  return name_in(kNames, phase);
 }
 
 bool is_random_op(const std::string& name) {

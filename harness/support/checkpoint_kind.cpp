@@ -5,12 +5,13 @@
 
 #include <utility>
 
+#include "harness/support/enum_names.h"
 #include "harness/support/errors.h"
 
 namespace ckcheck {
 namespace {
 
-constexpr std::pair<CheckpointKind, const char*> kNames[] = {
+constexpr EnumName<CheckpointKind> kNames[] = {
     {CheckpointKind::kAuto, "auto"},       {CheckpointKind::kCkcheck, "ckcheck"},
     {CheckpointKind::kTorch, "torch"},     {CheckpointKind::kTorchReentrant, "torch-reentrant"},
     {CheckpointKind::kTorchSac, "torch-sac"}, {CheckpointKind::kTorchWrapper, "torch-wrapper"},
@@ -20,17 +21,10 @@ constexpr std::pair<CheckpointKind, const char*> kNames[] = {
 
 }  // namespace
 
-const char* checkpoint_kind_name(CheckpointKind kind) {
-  for (const auto& [k, name] : kNames) {
-    if (k == kind) return name;
-  }
-  return "?";
-}
+const char* checkpoint_kind_name(CheckpointKind kind) { return name_in(kNames, kind); }
 
 CheckpointKind parse_checkpoint_kind(const std::string& name) {
-  for (const auto& [k, n] : kNames) {
-    if (name == n) return k;
-  }
+  if (const auto kind = parse_in(kNames, name)) return *kind;
   throw UsageError(fmt::format("unknown checkpoint '{}'; checkpoints: {}", name, fmt::join(checkpoint_option_names(), ", ")));
 }
 

@@ -13,7 +13,6 @@ to its state after the run.
 from __future__ import annotations
 
 import inspect
-import json
 
 import torch  # noqa: F401  (LibTorch first: ckcheck._core links against it)
 
@@ -26,10 +25,10 @@ if torch.__version__.split("+")[0] != _BUILT_AGAINST:
 
 from ckcheck import _core  # noqa: E402  (after the check: a core built for another torch fails to load)
 from ckcheck._model import UsageError
-from ckcheck._report import Check, Finding, Report
+from ckcheck._report import Cause, Check, Finding, Report, Status, Verdict
 
-__all__ = ["run", "selftest", "check_factory", "assert_checkpoint_equivalent", "validate_op", "main", "Report", "Check",
-           "Finding", "UsageError", "CheckpointMismatch"]
+__all__ = ["run", "selftest", "check_factory", "assert_checkpoint_equivalent", "validate_op", "main",
+           "Report", "Check", "Finding", "Verdict", "Status", "Cause", "UsageError", "CheckpointMismatch"]
 
 
 class CheckpointMismatch(AssertionError):
@@ -90,7 +89,7 @@ def validate_op(op, *, shapes=None, dtype="float32", seed=0, cases=10, library=N
     if "import_" in given:
         given["import"] = given.pop("import_")
     data, console = _core.validate_op(given)
-    return Report(json.loads(data), console)
+    return Report(data, console)
 
 
 def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", seed=0,
@@ -129,7 +128,7 @@ def run(model, inputs=None, *, sites=None, policy="every:1", checkpoint="auto", 
     name = f"{cls.__module__}.{cls.__qualname__}"
     data, console = _core.run(_factory(model, inputs, loss, enable, disable), name,
                               {k: v for k, v in given.items() if v is not None})
-    report = json.loads(data)
+    report = data
     # The command line names a factory that lives only during this call: reproduce with the call
     # (with the checkpoint "auto" chose; the compiler's budget alone is chosen by memory_budget).
     chosen = _core.CheckpointKind.parse(report.get("config", {}).get("checkpoint", checkpoint))
@@ -164,7 +163,7 @@ def selftest(model, inputs=None, *, plants=None, every_site=False, sites=None, p
     cls = type(model)
     data, console = _core.selftest(_factory(model, inputs, loss, enable, disable), f"{cls.__module__}.{cls.__qualname__}",
                                    {k: v for k, v in given.items() if v is not None})
-    report = json.loads(data)
+    report = data
     call = f"ckcheck.selftest(model{'' if inputs is None else ', inputs'}" + "".join(
         f", {k}={v!r}" for k, v in given.items() if v not in (None, False) and k not in ("policy", "seed")) + \
         f")  # model: {cls.__module__}.{cls.__qualname__}"
@@ -190,7 +189,7 @@ def check_factory(factory, *, checkpoint="auto", **options) -> Report:
     name = factory if isinstance(factory, str) else f"{module}:{qualname}" if importable else f"{module}.{qualname}"
     data, console = _core.run(factory, name, {"checkpoint": checkpoint,
                                               **{k: v for k, v in options.items() if v is not None}})
-    report = json.loads(data)
+    report = data
     if not (isinstance(factory, str) or importable):
         call = f"ckcheck.check_factory(factory, checkpoint={report['config']['checkpoint']!r}" + \
             "".join(f", {k}={v!r}" for k, v in options.items()) + f")  # factory: {name}"
@@ -220,6 +219,7 @@ def assert_checkpoint_equivalent(model, inputs=None, **kwargs) -> Report:
     gradients, outputs, state and every hazard check, as `ckcheck.run` with the same arguments.
     Warnings do not fail. Returns the report."""
     report = run(model, inputs, **kwargs)
-    if report.verdict != "pass":
+    if not report.passed:
         raise CheckpointMismatch(report.console, report)
     return report
+

@@ -203,6 +203,69 @@ def _seed_host_generators(seed):
         numpy.random.seed(seed % 2**32)  # NumPy's legacy seeds are 32-bit
 
 
+def _made_by(spec, factory, seed: int):
+    """What the factory returns, its errors one line each; weights drawn follow --seed."""
+    torch.manual_seed(seed)  # the model's random weights follow --seed
+    if not callable(spec):
+        # ckcheck's own process (a factory named on the command line): weights or inputs a factory
+        # draws from Python's or NumPy's global generator follow --seed too, so that the report's
+        # reproduce line makes the same model. ckcheck.run leaves the caller's generators alone.
+        _seed_host_generators(seed)
+    try:
+        return factory()
+    except UsageError:
+        raise
+    except Exception as e:
+        raise UsageError(_failure("the factory raised", e, sep=" ")) from e
+
+
+def _uncompiled(module, compile_opts):
+    """torch.compile(model): the program trained is compiled. ckcheck compiles the module itself,
+    once plainly and once checkpointed, so it takes the module the factory compiled."""
+    if type(module).__name__ != "OptimizedModule" or not isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
+        return module
+    if compile_opts is None:
+        raise UsageError("the factory returns a compiled module (torch.compile); add --compile (compile=True in "
+                         "ckcheck.run, with --compile-mode for its mode): ckcheck compiles the module itself, "
+                         "plainly and checkpointed")
+    return module._orig_mod
+
+
+def _engine_options(module, policy_opts: dict, compile_opts, extras: dict):
+    """(DDP's options, FSDP's options) the factory gave, checked. --offload and --parallel apply to
+    eager training; FSDP shards a whole model itself."""
+    if policy_opts.get("offload", "off") != "off" and compile_opts is not None:
+        raise UsageError("--offload applies to eager training; drop --compile or --offload")
+    parallel = policy_opts.get("parallel", "off")
+    if parallel != "off" and compile_opts is not None:
+        raise UsageError("--parallel applies to eager training; drop --compile or --parallel")
+    options = _parallel.check_ddp_options(extras["ddp"]), _parallel.check_fsdp_options(extras["fsdp"])
+    if parallel == "fsdp" and any(type(p).__name__ == "DTensor" for p in module.parameters()):
+        raise UsageError("the factory's model is sharded already (its parameters are DTensors); return it whole: "
+                         "ckcheck shards a copy with fully_shard (the factory's 'fsdp' dict: reshard_after_forward, "
+                         "modules)")
+    return options
+
+
+def _join_engine(adapter, module, policy_opts: dict, ddp_options, fsdp_options) -> None:
+    """A rank of a data-parallel run joins its process group now; the process that starts the ranks
+    (no RANK yet) only checks the model."""
+    parallel = policy_opts.get("parallel", "off")
+    if parallel == "off" or "RANK" not in os.environ:
+        return
+    try:
+        timeout = int(policy_opts.get("parallel_timeout", 300))
+        if parallel == "fsdp":
+            engine = _parallel.FsdpEngine(adapter, fsdp_options, timeout, policy_opts.get("mixed_precision", "off"))
+        else:
+            engine = _parallel.Engine(module, ddp_options, timeout)
+        adapter.attach_engine(engine)
+        engine.prepare()
+    except BaseException:
+        adapter.close()
+        raise
+
+
 def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_opts=None,
          policy_opts=None) -> "ModelAdapter":
     """The adapter of the model a factory makes: `spec` names it (FILE.py[:CALLABLE],
@@ -211,27 +274,8 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     (--sac-save, comma-separated ops), "offload" (off or cpu)}."""
     policy_opts = dict(policy_opts or {})
     factory = spec if callable(spec) else _import_factory(spec)
-    torch.manual_seed(seed)  # the model's random weights follow --seed
-    if not callable(spec):
-        # ckcheck's own process (a factory named on the command line): weights or inputs a factory
-        # draws from Python's or NumPy's global generator follow --seed too, so that the report's
-        # reproduce line makes the same model. ckcheck.run leaves the caller's generators alone.
-        _seed_host_generators(seed)
-    try:
-        result = factory()
-    except UsageError:
-        raise
-    except Exception as e:
-        raise UsageError(_failure("the factory raised", e, sep=" ")) from e
-    module, args, kwargs, loss, enable, disable, extras = _parse_result(result)
-    if type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):
-        # torch.compile(model): the program trained is compiled. ckcheck compiles the module itself,
-        # once plainly and once checkpointed, so it takes the module the factory compiled.
-        if compile_opts is None:
-            raise UsageError("the factory returns a compiled module (torch.compile); add --compile (compile=True in "
-                             "ckcheck.run, with --compile-mode for its mode): ckcheck compiles the module itself, "
-                             "plainly and checkpointed")
-        module = module._orig_mod
+    module, args, kwargs, loss, enable, disable, extras = _parse_result(_made_by(spec, factory, seed))
+    module = _uncompiled(module, compile_opts)
     if not args and not kwargs:
         args = _option_inputs(input_opts)
     elif input_opts.get("tensor") is not None or input_opts.get("file"):
@@ -244,35 +288,12 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     checkpoint, reason = choose_checkpoint(checkpoint, switch, compile_opts, extras["context_fn"])
     context_fn = selective_context(checkpoint, policy_opts.get("sac_save", ""), extras["context_fn"])
     offload = policy_opts.get("offload", "off")
-    if offload != "off" and compile_opts is not None:
-        raise UsageError("--offload applies to eager training; drop --compile or --offload")
     offload_fn = (extras["offload"] or offload_to_cpu) if offload != "off" else None
-    parallel = policy_opts.get("parallel", "off")
-    if parallel != "off" and compile_opts is not None:
-        raise UsageError("--parallel applies to eager training; drop --compile or --parallel")
-    ddp_options = _parallel.check_ddp_options(extras["ddp"])
-    fsdp_options = _parallel.check_fsdp_options(extras["fsdp"])
-    if parallel == "fsdp" and any(type(p).__name__ == "DTensor" for p in module.parameters()):
-        raise UsageError("the factory's model is sharded already (its parameters are DTensors); return it whole: "
-                         "ckcheck shards a copy with fully_shard (the factory's 'fsdp' dict: reshard_after_forward, "
-                         "modules)")
+    ddp_options, fsdp_options = _engine_options(module, policy_opts, compile_opts, extras)
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "model")
     adapter = ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts, context_fn,
                            (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"))
-    # A rank of a data-parallel run joins its process group now; the process that starts the
-    # ranks (no RANK yet) only checks the model.
-    if parallel != "off" and "RANK" in os.environ:
-        try:
-            timeout = int(policy_opts.get("parallel_timeout", 300))
-            if parallel == "fsdp":
-                engine = _parallel.FsdpEngine(adapter, fsdp_options, timeout, policy_opts.get("mixed_precision", "off"))
-            else:
-                engine = _parallel.Engine(module, ddp_options, timeout)
-            adapter.attach_engine(engine)
-            engine.prepare()
-        except BaseException:
-            adapter.close()
-            raise
+    _join_engine(adapter, module, policy_opts, ddp_options, fsdp_options)
     return adapter
 
 
@@ -600,6 +621,21 @@ def _structure(obj, depth=0):
 
 # ---------------------------------------------------------------------------------------------
 # The model
+
+
+def _blocks_among(with_params):
+    """The paths of the blocks among a container's called children with parameters ((path, module)
+    pairs): all of them when they are at least two and share a class, else those of the one class
+    most share, when at least two and more than half do; none else. Containers as the common class
+    (Swin's stages between its patch merges) hold the blocks: the scan goes on into them."""
+    if len(with_params) < 2:
+        return []
+    if not _share_a_class([c for _, c in with_params]):
+        common, count = collections.Counter(type(c) for _, c in with_params).most_common(1)[0]
+        if count < 2 or 2 * count <= len(with_params) or issubclass(common, _LAYER_CONTAINERS):
+            return []
+        with_params = [(p, c) for p, c in with_params if type(c) is common]
+    return [p for p, _ in with_params]
 
 
 class ModelAdapter:
@@ -1013,27 +1049,35 @@ class ModelAdapter:
         called_set = set(called)
         chosen, blocks = [], set()
         for path, m in self.module.named_modules():
-            if not isinstance(m, _LAYER_CONTAINERS):
-                continue
-            if any(path == c or path.startswith(c + ".") for c in chosen):
+            if not isinstance(m, _LAYER_CONTAINERS) or any(path == c or path.startswith(c + ".") for c in chosen):
                 continue
             kids = [(f"{path}.{n}" if path else n, c) for n, c in m.named_children()]
-            with_params = [(p, c) for p, c in kids if any(True for _ in c.parameters()) and p in called_set]
-            if len(with_params) < 2:
-                continue
-            if not _share_a_class([c for _, c in with_params]):
-                by_class = collections.Counter(type(c) for _, c in with_params)
-                common, count = by_class.most_common(1)[0]
-                # Containers as the common class (Swin's stages between its patch merges) hold
-                # the blocks: the scan goes on into them.
-                if count < 2 or 2 * count <= len(with_params) or issubclass(common, _LAYER_CONTAINERS):
-                    continue
-                with_params = [(p, c) for p, c in with_params if type(c) is common]
-            chosen.append(path)
-            blocks.update(p for p, _ in with_params)
+            found = _blocks_among([(p, c) for p, c in kids if any(True for _ in c.parameters()) and p in called_set])
+            if found:
+                chosen.append(path)
+                blocks.update(found)
         if blocks:
             return [p for p in called if p in blocks]
         return [p for p in called if "." not in p]  # the root's children
+
+    def _refuse_failing_switch(self, failed):
+        """The model fails with its own checkpointing on: say whether it fails without it too."""
+        try:
+            self._run_plain()
+        except Exception as plain:
+            raise UsageError(_failure("the model fails without checkpointing", plain)) from plain
+        raise UsageError(_failure("the model fails with its own checkpointing on", failed)) from failed
+
+    def _tapped_units(self, called):
+        """The units the checkpoint tap saw, in call order, outermost only."""
+        self._tap_units = True
+        order = {p: i for i, p in enumerate(called)}
+        units = sorted(self._units_seen, key=lambda p: order.get(p, len(order)))
+        nested = [u for u in units if any(u.startswith(v + ".") for v in units if v != u)
+                  or (u in self._nested_seen and u not in self._outer_seen)]
+        units = [u for u in units if u not in nested]
+        self._unit_paths = set(units)
+        return units
 
     def _own_sites(self, called, record_call):
         """--checkpoint model: the units the model's own checkpoint takes. Seen through the
@@ -1073,20 +1117,9 @@ class ModelAdapter:
             self._recording = None
             self._disable()
         if failed is not None:
-            try:
-                self._run_plain()
-            except Exception as plain:
-                raise UsageError(_failure("the model fails without checkpointing", plain)) from plain
-            raise UsageError(_failure("the model fails with its own checkpointing on", failed)) from failed
+            self._refuse_failing_switch(failed)
         if self._units_seen:
-            self._tap_units = True
-            order = {p: i for i, p in enumerate(called)}
-            units = sorted(self._units_seen, key=lambda p: order.get(p, len(order)))
-            nested = [u for u in units if any(u.startswith(v + ".") for v in units if v != u)
-                      or (u in self._nested_seen and u not in self._outer_seen)]
-            units = [u for u in units if u not in nested]
-            self._unit_paths = set(units)
-            return units
+            return self._tapped_units(called)
         outer = [p for p in called if p in recomputed and not any(p.startswith(q + ".") for q in recomputed)]
         if not outer:
             raise UsageError("--checkpoint model: the model's own switch checkpointed nothing (no module ran "

@@ -1,10 +1,37 @@
-"""The report ckcheck.run and ckcheck.validate_op return: the JSON report's fields as attributes."""
+"""The report ckcheck.run and ckcheck.validate_op return: the JSON report's fields as attributes,
+its verdict, statuses and causes as the words of C++'s vocabularies (Verdict, Status, Cause)."""
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from ckcheck._core import Status as _CoreStatus, Verdict as _CoreVerdict, cause_names as _cause_names
+
+
+class _Word(str, enum.Enum):
+    """A word of one of ckcheck's vocabularies: equal to its text ("pass" == Verdict.PASS), printed as it."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+def _vocabulary(name: str, words) -> type:
+    """A _Word enum of `words` (each member named as the word in upper case, '-' as '_')."""
+    return _Word(name, {w.upper().replace("-", "_"): w for w in words}, module=__name__, qualname=name)
+
+
+Verdict = _vocabulary("Verdict", [v.text for v in _CoreVerdict.__members__.values()])
+Verdict.__doc__ = "A report's verdict: PASS, FAIL or ERROR (ckcheck._core.Verdict's words)."
+Status = _vocabulary("Status", [s.text for s in _CoreStatus.__members__.values()])
+Status.__doc__ = "A check's status: PASS, WARN, FAIL, SKIP or ERROR (ckcheck._core.Status's words)."
+Cause = _vocabulary("Cause", _cause_names())
+Cause.__doc__ = "Why a checkpointed step differs: the words of `ckcheck list`'s causes (RNG, IN_PLACE, ...)."
 
 
 @dataclass(frozen=True)
@@ -13,7 +40,7 @@ class Finding:
     ckcheck's fixed vocabulary) and the one-line fix (hint)."""
 
     site: str
-    cause: str
+    cause: Cause
     tensor: str
     message: str
     hint: str
@@ -22,17 +49,18 @@ class Finding:
 
 @dataclass(frozen=True)
 class Check:
-    """One check's result: id ("gradients", "rng", ...), status ("pass", "fail", "warn", "skip")."""
+    """One check's result: id ("gradients", "rng", ...), status (Status: "pass", "fail", "warn", "skip",
+    "error")."""
 
     id: str
-    status: str
+    status: Status
     summary: str
     findings: tuple = ()
     details: dict = field(default_factory=dict)
 
 
 def _finding(d: dict) -> Finding:
-    return Finding(d.get("site", ""), d.get("cause", ""), d.get("tensor", ""), d.get("message", ""),
+    return Finding(d.get("site", ""), Cause(d["cause"]), d.get("tensor", ""), d.get("message", ""),
                    d.get("hint", ""), d.get("details", {}))
 
 
@@ -47,16 +75,16 @@ class Report:
         self.console = console
 
     @property
-    def verdict(self) -> str:
-        return self._data.get("verdict", "error")
+    def verdict(self) -> Verdict:
+        return Verdict(self._data.get("verdict", "error"))
 
     @property
     def passed(self) -> bool:
-        return self.verdict == "pass"
+        return self.verdict is Verdict.PASS
 
     @property
     def checks(self) -> list:
-        return [Check(c.get("id", ""), c.get("status", ""), c.get("summary", ""),
+        return [Check(c.get("id", ""), Status(c["status"]), c.get("summary", ""),
                       tuple(_finding(f) for f in c.get("findings", [])), c.get("details", {}))
                 for c in self._data.get("checks", [])]
 
@@ -124,5 +152,5 @@ class Report:
         return self.console
 
     def __repr__(self) -> str:
-        failed = [c.id for c in self.checks if c.status == "fail"]
+        failed = [c.id for c in self.checks if c.status is Status.FAIL]
         return f"<ckcheck.Report {self.verdict}{' ' + ', '.join(failed) if failed else ''}: {self.model.get('name', '')}>"

@@ -47,7 +47,7 @@ def pytest_configure(config):
 
 
 def _fail_unless_equivalent(report):
-    if report.verdict != "pass":
+    if not report.passed:
         pytest.fail(report.console, pytrace=False)
     return report
 

@@ -39,6 +39,27 @@ def test_the_checkpoint_kind_is_one_vocabulary_for_cpp_and_python():
         CheckpointKind.parse("torch_reentrant")
 
 
+def test_verdict_status_and_cause_are_the_cores_words_typed():
+    from ckcheck import _core
+
+    assert [v.text for v in _core.Verdict.__members__.values()] == [v.value for v in ckcheck.Verdict]
+    assert [s.text for s in _core.Status.__members__.values()] == [s.value for s in ckcheck.Status]
+    assert set(_core.cause_names()) == {c.value for c in ckcheck.Cause}
+    assert ckcheck.Cause("rng") is ckcheck.Cause.RNG and ckcheck.Cause("in-place") is ckcheck.Cause.IN_PLACE
+    assert ckcheck.Verdict.PASS == "pass" and f"{ckcheck.Status.WARN}" == "warn" and str(ckcheck.Verdict.FAIL) == "fail"
+    with pytest.raises(ValueError):
+        ckcheck.Cause("no-such-cause")  # a word outside the vocabulary is refused, not carried
+    model, x = twin("faulty_private_generator")
+    report = ckcheck.run(model, (x,), checkpoint="torch")
+    assert report.verdict is ckcheck.Verdict.FAIL and not report.passed
+    assert {type(c.status) for c in report.checks} == {ckcheck.Status}
+    assert report.findings and all(isinstance(f.cause, ckcheck.Cause) for f in report.findings)
+    assert ckcheck.Cause.RNG in {f.cause for f in report.findings}
+    model, x = twin("mlp")
+    clean = ckcheck.run(model, (x,), checkpoint="torch")
+    assert clean.verdict is ckcheck.Verdict.PASS and clean.passed  # the negative control
+
+
 def test_run_makes_no_file_and_leaves_stdout_alone(tmp_path, monkeypatch, capfd):
     model, x = twin("faulty_stateful_counter")
     work, temp = tmp_path / "work", tmp_path / "temp"

@@ -189,11 +189,11 @@ TEST(Recommend, APolicyThatFailsItsChecksIsShownButNeverRanked) {
   // fails rng: the advice is taken from the others, and the warning says why.
   auto points = std::vector<PolicyBench>{point("none", 1.0, 10000), point("every:4", 1.05, 4000), point("every:2", 1.10, 2000),
                                          point("every:1", 1.40, 1800)};
-  for (auto& p : points) p.checks = p.policy == "none" ? "" : "pass";
+  for (auto& p : points) p.checks = p.policy == "none" ? std::nullopt : std::optional(Verdict::kPass);
   auto control = result(points);
   recommend(control);
   EXPECT_EQ(control.recommendation, "every:2") << "the negative control: it passes";
-  points[2].checks = "fail";
+  points[2].checks = Verdict::kFail;
   points[2].check_failures = {"rng: rng at blocks.1"};
   auto r = result(points);
   r.check_command = "ckcheck run --model m";
@@ -209,12 +209,12 @@ TEST(Recommend, APolicyThatFailsItsChecksIsShownButNeverRanked) {
   recommend(budget);
   EXPECT_EQ(budget.recommendation, "every:1");
   // A check that could not judge is no pass either.
-  points[2].checks = "error";
+  points[2].checks = Verdict::kError;
   auto error = result(points, 3500);
   recommend(error);
   EXPECT_EQ(error.recommendation, "every:1");
   // Every checkpointing policy failing leaves none.
-  for (auto& p : points) p.checks = p.policy == "none" ? "" : "fail";
+  for (auto& p : points) p.checks = p.policy == "none" ? std::nullopt : std::optional(Verdict::kFail);
   auto all = result(points);
   recommend(all);
   EXPECT_EQ(all.recommendation, "none");
@@ -339,15 +339,15 @@ TEST(Bench, APolicyWhoseCheckpointedStepFailsTheChecksIsMeasuredButNotRecommende
   const auto& every = r.policies[1];
   const auto& first = r.policies[2];
   EXPECT_FALSE(every.measurement.step_seconds.empty()) << "measured all the same";
-  EXPECT_EQ(every.checks, "fail");
+  EXPECT_EQ(every.checks, Verdict::kFail);
   EXPECT_FALSE(every.ranked);
   ASSERT_FALSE(every.check_failures.empty());
   EXPECT_NE(::testing::PrintToString(every.check_failures).find("blocks.1"), std::string::npos)
       << ::testing::PrintToString(every.check_failures);
   EXPECT_NE(r.recommendation, "every:1");
   // The negative control: a checkpoint that avoids the faulty block passes and is ranked.
-  EXPECT_EQ(first.checks, "pass") << ::testing::PrintToString(first.check_failures);
-  EXPECT_EQ(r.policies[0].checks, "") << "none checkpoints nothing: nothing to check";
+  EXPECT_EQ(first.checks, Verdict::kPass) << ::testing::PrintToString(first.check_failures);
+  EXPECT_EQ(r.policies[0].checks, std::nullopt) << "none checkpoints nothing: nothing to check";
 }
 
 TEST(Bytes, ParseAndFormat) {

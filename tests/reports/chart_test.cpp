@@ -33,14 +33,14 @@ BenchResult ratio_chart() {
                 policy("every:2", 1.2, 1.17, 1.24, 22 << 20), policy("every:4", 1.1, 1.08, 1.13, 33 << 20),
                 policy("segments:3", 1.19, 1.16, 1.22, 21 << 20)};
   r.policies[0].fits = false;
-  r.policies[2].checks = "fail";
+  r.policies[2].checks = Verdict::kFail;
   r.policies[2].ranked = false;
   r.policies[3].fits = false;
   r.policies[4].ranked = false;
   r.recommendation = "every:2";
-  r.policies[2].checks = "pass";
+  r.policies[2].checks = Verdict::kPass;
   r.policies[2].ranked = true;
-  r.policies[1].checks = "fail";
+  r.policies[1].checks = Verdict::kFail;
   r.policies[1].ranked = false;
   return r;
 }

@@ -13,6 +13,7 @@ to its state after the run.
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch  # noqa: F401  (LibTorch first: ckcheck._core links against it)
 
@@ -24,10 +25,11 @@ if torch.__version__.split("+")[0] != _BUILT_AGAINST:
                       f"(pip install --no-build-isolation .)")
 
 from ckcheck import _core  # noqa: E402  (after the check: a core built for another torch fails to load)
+from ckcheck import _loops
 from ckcheck._model import UsageError
 from ckcheck._report import Cause, Check, Finding, Report, Status, Verdict
 
-__all__ = ["run", "selftest", "check_factory", "assert_checkpoint_equivalent", "validate_op", "main",
+__all__ = ["run", "check_step", "selftest", "check_factory", "assert_checkpoint_equivalent", "validate_op", "main",
            "Report", "Check", "Finding", "Verdict", "Status", "Cause", "UsageError", "CheckpointMismatch"]
 
 
@@ -223,3 +225,25 @@ def assert_checkpoint_equivalent(model, inputs=None, **kwargs) -> Report:
         raise CheckpointMismatch(report.console, report)
     return report
 
+
+def check_step(model, batch, *, loss=None, checkpoint="auto", on_failure="raise", **options) -> Report:
+    """Checks the training step your own loop (hand-written, Accelerate's) is about to take: `model`
+    as it is now, with its own checkpointing switch as you set it (checkpoint="auto" takes it, when
+    it has one), on `batch` (a tensor, a tuple of positional or a dict of keyword arguments), with
+    `loss(output)` (for a Hugging Face model with labels in the batch: lambda out: out.loss). Call
+    it once, before the first optimizer step. The model's parameters, buffers and gradients, its
+    switch, and the random streams of torch, Python and NumPy are left as they were.
+    on_failure: "raise" (CheckpointMismatch, with the report) or "warn" (a RuntimeWarning with the
+    console report). Other options: those of ckcheck.run. Returns the report."""
+    if on_failure not in ("raise", "warn"):
+        error = UsageError(f"on_failure takes 'raise' or 'warn', not {on_failure!r}")
+        error.field = "on_failure"
+        raise error
+    with _loops.kept_random_state(), _loops.kept_gradients(model):
+        report = run(model, batch, loss=loss, checkpoint=checkpoint, **options)
+    if not report.passed:
+        if on_failure == "raise":
+            raise CheckpointMismatch(report.console, report)
+        warnings.warn("ckcheck: checkpointing changes this training step\n" + report.console, RuntimeWarning,
+                      stacklevel=2)
+    return report

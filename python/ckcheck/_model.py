@@ -37,6 +37,10 @@ from ckcheck._base import (SetupError, UsageError, _apply_loss, _failure, _first
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()).keys()) | {"forward"}
 _SCALARS = (bool, int, float, str, type(None))
 _ABSENT = object()  # an attribute a module did not have
+_GIVEN_SWITCH = "the factory's enable/disable"  # own_switch's word for a switch the caller handed over
+# A module's hook tables a checkpointing switch may add to or take from (keyed by handle id).
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+               "_forward_pre_hooks_with_kwargs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +309,7 @@ def own_switch(module, enable=None, disable=None):
         if not (callable(enable) and callable(disable)):
             raise UsageError("the factory gives one of 'enable' and 'disable'; give both (the model's "
                              "checkpointing switch on and off)")
-        return enable, disable, "the factory's enable/disable"
+        return enable, disable, _GIVEN_SWITCH
     if getattr(module, "supports_gradient_checkpointing", True):
         for prefix in ("activation_checkpointing", "gradient_checkpointing"):
             on, off = getattr(module, prefix + "_enable", None), getattr(module, prefix + "_disable", None)
@@ -682,7 +686,7 @@ class ModelAdapter:
         self._switch_attrs = set()
         self._switch_before = []
         if checkpoint == Kind.model:
-            self._switch_attrs = self._attributes_the_switch_sets()
+            self._learn_switch(switch)
         start = self.snapshot()
         try:
             self.sites, self.default_sites = self._discover()
@@ -1279,6 +1283,7 @@ class ModelAdapter:
             return {f"{p}.{k}" if p else k: _fingerprint(v) for (p, k), (m, v) in attrs.items() if _is_state_value(v)}
 
         came = attributes()
+        self._hooks_came = [(m, name, dict(getattr(m, name))) for m in self.module.modules() for name in _HOOK_DICTS]
         before = values(came)
         self._enable()
         switched_on = attributes()
@@ -1292,8 +1297,32 @@ class ModelAdapter:
                 if key not in came or came[key][1] is not v:
                     touched[key] = (m, came[key][1] if key in came else _ABSENT)
         self._switch_before = [(m, k, v) for (p, k), (m, v) in touched.items()]
+        flags = {k for k in set(on) | set(after) if on.get(k) != after.get(k)}
+        self._switch_came_on = bool(flags) and all(before.get(k) == on.get(k) for k in flags)
         return {k for k in set(before) | set(on) | set(after)
                 if before.get(k) != on.get(k) or on.get(k) != after.get(k)}
+
+    def _learn_switch(self, switch):
+        """What the model's own switch sets; a switch the caller turned on (a trainer, with its kwargs)
+        is checked as it came, not as the switch's defaults would set it."""
+        self._switch_attrs = self._attributes_the_switch_sets()
+        if self._switch_came_on and switch[2] != _GIVEN_SWITCH:
+            self._enable = self._switch_as_it_came
+            self.checkpoint_reason += "; it came switched on, and is checked as it came (its own settings)"
+
+    def _switch_as_it_came(self):
+        """The model's switch on as the caller set it: every attribute the switch touches back at the
+        value the model came with (the stored checkpoint function with its kwargs), and a forward
+        hook the switch's off removed (Hugging Face's input-grad hook under PEFT) back in place."""
+        for m, key, value in self._switch_before:
+            if value is _ABSENT:
+                vars(m).pop(key, None)
+            else:
+                setattr(m, key, value)
+        for m, name, came in self._hooks_came:
+            now = getattr(m, name)
+            for hook_id, hook in came.items():
+                now.setdefault(hook_id, hook)
 
     def state_tensors(self):
         out = [(n, b, "buffer") for n, b in self.module.named_buffers()]

@@ -152,3 +152,15 @@ def test_check_step_in_an_accelerate_loop():
         assert torch.equal(rng, torch.random.get_rng_state())
         assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
         assert model.is_activation_checkpointing and all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("example", ["trainer_callback.py", "accelerate_loop.py"])
+def test_the_documented_examples_run_as_the_docs_say(example):
+    import os
+    import subprocess
+    import sys
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "examples", example)
+    for flag, status, says in (([], 0, "trained"), (["--reentrant"], 1, "reentrant-no-grad")):
+        proc = subprocess.run([sys.executable, path, *flag], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == status and says in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 import torch
 
+from ckcheck._base import UsageError
+
 
 @contextlib.contextmanager
 def kept_random_state():
@@ -68,3 +70,23 @@ def to_device(batch, device):
         moved = [to_device(v, device) for v in batch]
         return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
     return batch
+
+
+class LoopCheck:
+    """What the loop callbacks share: what a failure does (on_failure "stop": CheckpointMismatch,
+    no optimizer step taken; "warn": a RuntimeWarning and training goes on), ckcheck.run's options,
+    and the report once the check ran (.report)."""
+
+    def __init__(self, on_failure: str = "stop", **options):
+        if on_failure not in ("stop", "warn"):
+            error = UsageError(f"on_failure takes 'stop' or 'warn', not {on_failure!r}")
+            error.field = "on_failure"
+            raise error
+        self.on_failure = on_failure
+        self.options = options
+        self.report = None
+
+    @property
+    def check_step_failure(self) -> str:
+        """check_step's on_failure for this callback's."""
+        return "raise" if self.on_failure == "stop" else "warn"

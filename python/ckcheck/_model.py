@@ -310,6 +310,19 @@ def own_switch(module, enable=None, disable=None):
             raise UsageError("the factory gives one of 'enable' and 'disable'; give both (the model's "
                              "checkpointing switch on and off)")
         return enable, disable, _GIVEN_SWITCH
+    found = _switch_of(module)
+    if found is not None:
+        return found
+    # A wrapper of the model (a LightningModule, the user's own module around a Hugging Face
+    # backbone): the switch of the outermost submodule that came switched on is the one trained with.
+    for path, sub in module.named_modules():
+        if path and _switched_on(sub) and (inner := _switch_of(sub)) is not None:
+            return inner[0], inner[1], f"{path}.{inner[2]}, found switched on"
+    return None
+
+
+def _switch_of(module):
+    """(enable, disable, what) of the module's own switch (Hugging Face's or timm's), or None."""
     if getattr(module, "supports_gradient_checkpointing", True):
         for prefix in ("activation_checkpointing", "gradient_checkpointing"):
             on, off = getattr(module, prefix + "_enable", None), getattr(module, prefix + "_disable", None)
@@ -319,6 +332,11 @@ def own_switch(module, enable=None, disable=None):
     if callable(grad_ckpt):
         return (lambda: grad_ckpt(True)), (lambda: grad_ckpt(False)), "set_grad_checkpointing()"
     return None
+
+
+def _switched_on(module) -> bool:
+    """Whether a Hugging Face model's switch is on (its is_activation_checkpointing flag)."""
+    return bool(getattr(module, "is_activation_checkpointing", False))
 
 
 def choose_checkpoint(asked, switch, compile_opts=None, context_fn=None):

@@ -25,21 +25,12 @@ def _model_loss(out):
     return out["loss"] if isinstance(out, dict) else out[0]
 
 
-class CkcheckCallback(TrainerCallback):
+class CkcheckCallback(_loops.LoopCheck, TrainerCallback):
     """Checks the Trainer's checkpointed step once, at the start of training.
 
     on_failure: "stop" (raise CheckpointMismatch: no optimizer step is taken) or "warn".
     options: ckcheck.run's options (tolerance="auto", sites=..., seed=...).
     After training starts, .report is ckcheck's report (None where nothing is checkpointed)."""
-
-    def __init__(self, on_failure: str = "stop", **options):
-        if on_failure not in ("stop", "warn"):
-            error = ckcheck.UsageError(f"on_failure takes 'stop' or 'warn', not {on_failure!r}")
-            error.field = "on_failure"
-            raise error
-        self.on_failure = on_failure
-        self.options = options
-        self.report = None
 
     def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
         if not getattr(args, "activation_checkpointing", False) or model is None or train_dataloader is None:
@@ -50,7 +41,7 @@ class CkcheckCallback(TrainerCallback):
         labelled = isinstance(batch, dict) and "labels" in batch
         self.report = ckcheck.check_step(model, batch, loss=_model_loss if labelled else None, checkpoint="model",
                                          enable=enable, disable=disable,
-                                         on_failure="raise" if self.on_failure == "stop" else "warn", **self.options)
+                                         on_failure=self.check_step_failure, **self.options)
 
 
 def _switch_as_trainer_sets_it(model, args):

@@ -449,7 +449,7 @@ BenchResult run_bench_per_rank(Runner& runner, const std::vector<std::string>& s
   BenchResult r = bench_result_of(runner, options);
   r.parallel = dp->engine()->engine();
   r.world_size = group.world_size();
-  const bool sharded_state = r.parallel == "fsdp";
+  const bool sharded_state = r.parallel == ParallelKind::kFsdp;
   const int64_t state = r.parameter_bytes + r.gradient_bytes;
   r.rank_state_bytes = sharded_state ? (state + r.world_size - 1) / r.world_size : state;
   r.parallel_note = fmt::format(
@@ -490,7 +490,7 @@ BenchResult run_bench_per_rank(Runner& runner, const std::vector<std::string>& s
     for (const auto& peaks : ranks) r.policies[i].rank_peak_bytes.push_back(measured < peaks.size() ? peaks[measured] : -1);
     ++measured;
   }
-  r.reason = fmt::format("bench --parallel {} measures memory per rank only", r.parallel);
+  r.reason = fmt::format("bench --parallel {} measures memory per rank only", parallel_kind_name(*r.parallel));
   return r;
 }
 

@@ -98,7 +98,7 @@ struct BenchResult {
   std::string offload, offload_note;
   /// bench --parallel: the engine ("fsdp", "ddp"; "" in one process), the ranks, and what each
   /// rank's figures mean.
-  std::string parallel;
+  std::optional<ParallelKind> parallel;  // the engine a per-rank bench measured through
   int world_size = 1;
   std::string parallel_note;
   /// bench --parallel: the parameters and gradients each rank holds before its step (FSDP2: its

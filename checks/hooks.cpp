@@ -33,7 +33,7 @@ class HooksCheck : public DeclaredCheck {
     }
     // FSDP2 counts its own hooks, one per gradient it reduced; DDP's reducer marks parameters ready.
     const auto* dp = ctx.config.data_parallel;
-    const bool fsdp = dp && dp->engine() && dp->engine()->engine() == "fsdp";
+    const bool fsdp = dp && dp->engine() && dp->engine()->engine() == ParallelKind::kFsdp;
     size_t counted = 0;
     for (const auto& h : ckpt) {
       ++counted;

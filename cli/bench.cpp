@@ -134,7 +134,7 @@ std::unique_ptr<Collective> per_rank_group(const BenchCliOptions& o, std::unique
   args.parallel_timeout = timeout;
   model = build_model(args, env->world_size, &checkpoint);
   auto* engine = dynamic_cast<ParallelEngine*>(model.get());
-  if (!engine || engine->engine().empty()) {
+  if (!engine || engine->engine() == ParallelKind::kOff) {
     throw UsageError("bench --parallel measures a Python model in PyTorch's engine; this model has none");
   }
   auto group = mark_waits(engine->engine_collective());
@@ -217,19 +217,19 @@ Report bench_report(const BenchCliOptions& o, const Model& model, const Checkpoi
 
 int run_bench_command(const BenchCliOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (o.model.parallel == "off" && o.world_size > 1) {
+  if (o.model.parallel_kind() == ParallelKind::kOff && o.world_size > 1) {
     throw UsageError("--world-size applies to bench --parallel ddp|fsdp (memory per rank); add --parallel or drop it");
   }
   const auto targets = report_targets(o.reports, {o.model.model, o.model.input_file});
   // One process: the deadline here, or in the ckcheck program that watches this one (a Python model).
-  if (o.model.parallel == "off" && o.timeout > 0 && !supervised()) arm_deadline(o.timeout);
+  if (o.model.parallel_kind() == ParallelKind::kOff && o.timeout > 0 && !supervised()) arm_deadline(o.timeout);
   if (o.threads > 0) torch::set_num_threads(o.threads);
   const BenchOptions options = bench_options(o);
   CheckpointChoice checkpoint;
   std::unique_ptr<Model> model;
   std::unique_ptr<DataParallel> dp;
   std::unique_ptr<Collective> group;
-  if (o.model.parallel != "off") {
+  if (o.model.parallel_kind() != ParallelKind::kOff) {
     int status = 0;
     group = per_rank_group(o, model, checkpoint, dp, status);
     if (!group) return status;

@@ -335,16 +335,17 @@ void check_python_options(const ModelArgs& args, int world_size, const std::map<
     throw UsageError(fmt::format("--model {} is a Python model; run it as `python -m ckcheck` with the "
                                  "ckcheck Python package installed", args.model));
   }
-  if (world_size > 1 && args.parallel == "off") {
+  const ParallelKind parallel = args.parallel_kind();
+  if (world_size > 1 && parallel == ParallelKind::kOff) {
     throw UsageError("a Python model trains data-parallel in PyTorch's own engines: add --parallel ddp or "
                      "--parallel fsdp to --world-size");
   }
-  if (args.parallel != "off" && world_size <= 1 && !std::getenv("WORLD_SIZE")) {
+  if (parallel != ParallelKind::kOff && world_size <= 1 && !std::getenv("WORLD_SIZE")) {
     throw UsageError(fmt::format("--parallel {} trains on several ranks: add --world-size N (2 or more), or start "
                                  "ckcheck under torchrun",
                                  args.parallel));
   }
-  if (args.mixed_precision != "off" && args.parallel != "fsdp") {
+  if (args.mixed_precision != "off" && parallel != ParallelKind::kFsdp) {
     throw UsageError("--mixed-precision is FSDP2's MixedPrecisionPolicy; add --parallel fsdp (in one process, "
                      "autocast is --amp)");
   }

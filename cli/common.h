@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "harness/runner/data_parallel.h"
 #include "harness/support/checkpoint_kind.h"
 #include "ckcheck/model.h"
 #include "cli/option_table.h"
@@ -55,6 +56,8 @@ struct ModelArgs {
   // Data-parallel training through PyTorch's own engines (Python models): off, ddp or fsdp; the limit a
   // rank's process group waits, in seconds (the run's --timeout).
   std::string parallel = "off";
+  /// The engine's kind (parsed from `parallel`).
+  ParallelKind parallel_kind() const { return parse_parallel_kind(parallel); }
   int parallel_timeout = 300;
   // Under --parallel fsdp: the parameters' dtype of FSDP2's MixedPrecisionPolicy (off, bf16, fp16).
   std::string mixed_precision = "off";

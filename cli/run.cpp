@@ -339,10 +339,10 @@ std::optional<RunSetup> set_up_run(const RunOptions& o, int& status) {
   }
   if (env && env->world_size > 1) {
     auto* engine = dynamic_cast<ParallelEngine*>(r.model.get());
-    if (engine && !engine->engine().empty()) {
+    if (engine && engine->engine() != ParallelKind::kOff) {
       if (r.config.device.is_cuda()) {
         throw UsageError(fmt::format("--parallel {} runs on the CPU (Gloo) in this version; drop --device or --parallel",
-                                     engine->engine()));
+                                     parallel_kind_name(engine->engine())));
       }
       // PyTorch's engine reduces; its process group gathers what the ranks saw.
       r.collective = mark_waits(engine->engine_collective());

@@ -392,9 +392,9 @@ class PythonModel : public Model, public ParallelEngine {
   }
 
   // --parallel: the adapter wraps the module in PyTorch's engine and joined its process group.
-  std::string engine() const override {
+  ParallelKind engine() const override {
     IntoPython gil;
-    return adapter_.attr("parallel").cast<std::string>();
+    return adapter_.attr("parallel").cast<ParallelKind>();
   }
   std::unique_ptr<Collective> engine_collective() override {
     IntoPython gil;
@@ -850,13 +850,53 @@ py::tuple selftest(py::object factory, const std::string& name, const py::dict& 
 }
 
 // An enum of one of ckcheck's vocabularies as a Python enum: its values by name, each with .text,
-// its word in reports.
+// its word (`what` says where the word is written).
 template <class E>
-void bind_words(py::module_& m, const char* name, const char* doc, const char* (*word)(E),
-                std::initializer_list<std::pair<const char*, E>> values) {
+py::enum_<E> bind_words(py::module_& m, const char* name, const char* doc, const char* (*word)(E), const char* what,
+                        std::initializer_list<std::pair<const char*, E>> values) {
   py::enum_<E> e(m, name, doc);
   for (const auto& [value_name, value] : values) e.value(value_name, value);
-  e.def_property_readonly("text", [word](E v) { return std::string(word(v)); }, "Its word in reports (pass).");
+  e.def_property_readonly("text", [word](E v) { return std::string(word(v)); }, what);
+  return e;
+}
+
+// ... with .parse(word), the value a word gives (ValueError for another): an option's kinds.
+template <class E>
+void bind_kind(py::module_& m, const char* name, const char* doc, const char* (*word)(E), E (*parse)(const std::string&),
+               const char* what, std::initializer_list<std::pair<const char*, E>> values) {
+  bind_words<E>(m, name, doc, word, what, values).def_static("parse", [parse](const std::string& text) {
+    try {
+      return parse(text);
+    } catch (const UsageError& e) {
+      throw py::value_error(e.what());
+    }
+  }, py::arg("name"), "The kind a name gives (ValueError for another).");
+}
+
+// ckcheck's vocabularies, one for C++ and Python: the checkpoint under test
+// (harness/support/checkpoint_kind.h), the data-parallel engine (harness/runner/data_parallel.h), a
+// command's verdict and a check's status (checks/check.h; ckcheck.Verdict and ckcheck.Status are
+// made from them) and the causes (ckcheck.Cause).
+void bind_vocabularies(py::module_& m) {
+  bind_kind<CheckpointKind>(m, "CheckpointKind", "The checkpoint under test (--checkpoint), as a kind.",
+                            checkpoint_kind_name, parse_checkpoint_kind, "Its name, as --checkpoint spells it.",
+                            {{"auto", CheckpointKind::kAuto}, {"ckcheck", CheckpointKind::kCkcheck},
+                             {"torch", CheckpointKind::kTorch}, {"torch_reentrant", CheckpointKind::kTorchReentrant},
+                             {"torch_sac", CheckpointKind::kTorchSac}, {"torch_wrapper", CheckpointKind::kTorchWrapper},
+                             {"model", CheckpointKind::kModel}, {"compiler", CheckpointKind::kCompiler}});
+  bind_kind<ParallelKind>(m, "ParallelKind", "The data-parallel engine (--parallel), as a kind.", parallel_kind_name,
+                          parse_parallel_kind, "Its name, as --parallel spells it.",
+                          {{"off", ParallelKind::kOff}, {"ddp", ParallelKind::kDdp}, {"fsdp", ParallelKind::kFsdp}});
+  bind_words<Verdict>(m, "Verdict", "A command's verdict.", verdict_name, "Its word in reports (pass).",
+                      {{"PASS", Verdict::kPass}, {"FAIL", Verdict::kFail}, {"ERROR", Verdict::kError}});
+  bind_words<Status>(m, "Status", "A check's status.", status_name, "Its word in reports (warn).",
+                     {{"PASS", Status::kPass}, {"WARN", Status::kWarn}, {"FAIL", Status::kFail},
+                      {"SKIP", Status::kSkip}, {"ERROR", Status::kError}});
+  m.def("cause_names", [] {
+    std::vector<std::string> names;
+    for (const auto& c : all_causes()) names.emplace_back(c.name());
+    return names;
+  }, "The cause vocabulary's words, as `ckcheck list` names them (ckcheck.Cause is made from them).");
 }
 
 }  // namespace
@@ -865,42 +905,7 @@ void bind_words(py::module_& m, const char* name, const char* doc, const char* (
 PYBIND11_MODULE(_core, m) {
   m.doc() = "ckcheck's C++ core: the runner, checks and reports, for eager PyTorch models";
   ckcheck::python::install_hooks();
-  // The checkpoint under test, one vocabulary for C++ and Python (harness/support/checkpoint_kind.h).
-  py::enum_<ckcheck::CheckpointKind>(m, "CheckpointKind", "The checkpoint under test (--checkpoint), as a kind.")
-      .value("auto", ckcheck::CheckpointKind::kAuto)
-      .value("ckcheck", ckcheck::CheckpointKind::kCkcheck)
-      .value("torch", ckcheck::CheckpointKind::kTorch)
-      .value("torch_reentrant", ckcheck::CheckpointKind::kTorchReentrant)
-      .value("torch_sac", ckcheck::CheckpointKind::kTorchSac)
-      .value("torch_wrapper", ckcheck::CheckpointKind::kTorchWrapper)
-      .value("model", ckcheck::CheckpointKind::kModel)
-      .value("compiler", ckcheck::CheckpointKind::kCompiler)
-      .def_property_readonly("text", [](ckcheck::CheckpointKind k) { return std::string(ckcheck::checkpoint_kind_name(k)); },
-                             "Its name, as --checkpoint spells it (torch-reentrant).")
-      .def_static("parse", [](const std::string& name) {
-        try {
-          return ckcheck::parse_checkpoint_kind(name);
-        } catch (const ckcheck::UsageError& e) {
-          throw py::value_error(e.what());
-        }
-      }, py::arg("name"), "The kind a --checkpoint name gives (ValueError for another).");
-  // The verdict and a check's status, one vocabulary for C++ and Python (checks/check.h); ckcheck.Verdict
-  // and ckcheck.Status are made from these.
-  ckcheck::python::bind_words<ckcheck::Verdict>(m, "Verdict", "A command's verdict.", ckcheck::verdict_name,
-                                                {{"PASS", ckcheck::Verdict::kPass},
-                                                 {"FAIL", ckcheck::Verdict::kFail},
-                                                 {"ERROR", ckcheck::Verdict::kError}});
-  ckcheck::python::bind_words<ckcheck::Status>(m, "Status", "A check's status.", ckcheck::status_name,
-                                               {{"PASS", ckcheck::Status::kPass},
-                                                {"WARN", ckcheck::Status::kWarn},
-                                                {"FAIL", ckcheck::Status::kFail},
-                                                {"SKIP", ckcheck::Status::kSkip},
-                                                {"ERROR", ckcheck::Status::kError}});
-  m.def("cause_names", [] {
-    std::vector<std::string> names;
-    for (const auto& c : ckcheck::all_causes()) names.emplace_back(c.name());
-    return names;
-  }, "The cause vocabulary's words, as `ckcheck list` names them (ckcheck.Cause is made from them).");
+  ckcheck::python::bind_vocabularies(m);
   m.def("set_status_fd", &ckcheck::set_status_fd, py::arg("fd"),
         "Tells a supervising ckcheck program, through this file descriptor, the phase of the run.");
   m.def("cli_main", &ckcheck::python::cli_main, py::arg("argv"),

@@ -131,11 +131,11 @@ class ConsoleReporter : public Reporter {
       h += fmt::format("\ncheckpoint under test: {} ({})", r.model.checkpoint, r.model.checkpoint_reason);
     }
     if (r.config.value("world_size", 1) > 1) {
-      const auto engine = r.config.value("parallel", std::string("off"));
+      const auto engine = parse_parallel_kind(r.config.value("parallel", std::string("off")));
       const auto mixed = r.config.value("mixed_precision", std::string("off"));
       h += fmt::format("\ndata-parallel: {} ranks, {} over {}", r.config["world_size"].get<int>(),
-                       engine == "ddp"    ? "PyTorch's DistributedDataParallel"
-                       : engine == "fsdp" ? "PyTorch's FSDP2 (fully_shard" + (mixed != "off" ? ", parameters in " + mixed : std::string()) + ")"
+                       engine == ParallelKind::kDdp    ? "PyTorch's DistributedDataParallel"
+                       : engine == ParallelKind::kFsdp ? "PyTorch's FSDP2 (fully_shard" + (mixed != "off" ? ", parameters in " + mixed : std::string()) + ")"
                                           : "ckcheck's bucketed all-reduce",
                        r.config.value("backend", std::string("?")));
     }

@@ -72,8 +72,8 @@ class HtmlReporter : public Reporter {
   static void bench(const BenchResult& b, std::ostream& out) {
     out << "<h2>Memory and time per policy</h2>\n<p>" << escape_markup(bench_header(b)) << ".</p>\n";
     if (!b.offload.empty()) out << "<p>Offload " << escape_markup(b.offload) << ": " << escape_markup(b.offload_note) << ".</p>\n";
-    if (!b.parallel.empty()) {
-      out << "<p>Parallel " << escape_markup(b.parallel) << ", " << b.world_size << " ranks: " << escape_markup(b.parallel_note)
+    if (b.parallel) {
+      out << "<p>Parallel " << parallel_kind_name(*b.parallel) << ", " << b.world_size << " ranks: " << escape_markup(b.parallel_note)
           << ".</p>\n";
     }
     out << bench_svg(b);

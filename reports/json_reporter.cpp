@@ -244,7 +244,7 @@ nlohmann::json bench_json(const BenchResult& r) {
   j["policies"] = nlohmann::json::array();
   for (const auto& p : r.policies) {
     auto pj = policy_json(p, none);
-    if (!r.parallel.empty()) pj["rank_peak_bytes"] = p.rank_peak_bytes;
+    if (r.parallel) pj["rank_peak_bytes"] = p.rank_peak_bytes;
     j["policies"].push_back(pj);
   }
   j["recommendation"] = r.recommendation.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.recommendation);
@@ -254,8 +254,8 @@ nlohmann::json bench_json(const BenchResult& r) {
     j["offload"] = r.offload;
     j["offload_note"] = r.offload_note;
   }
-  if (!r.parallel.empty()) {
-    j["parallel"] = r.parallel;
+  if (r.parallel) {
+    j["parallel"] = parallel_kind_name(*r.parallel);
     j["world_size"] = r.world_size;
     j["parallel_note"] = r.parallel_note;
     j["rank_state_bytes"] = r.rank_state_bytes;

@@ -70,8 +70,8 @@ class MarkdownReporter : public Reporter {
   static void bench(const BenchResult& b, std::ostream& out) {
     out << "### Memory and time per policy\n\n" << bench_header(b) << ".\n\n";
     if (!b.offload.empty()) out << "Offload " << md_escape(b.offload) << ": " << md_escape(b.offload_note) << ".\n\n";
-    if (!b.parallel.empty()) {
-      out << "Parallel " << md_escape(b.parallel) << ", " << b.world_size << " ranks: " << md_escape(b.parallel_note) << ".\n\n";
+    if (b.parallel) {
+      out << "Parallel " << parallel_kind_name(*b.parallel) << ", " << b.world_size << " ranks: " << md_escape(b.parallel_note) << ".\n\n";
     }
     out << "| policy | checkpointed | peak above baseline | x none | analytic | step time median [min..max] | x none | checks | note |\n";
     out << "|---|---|---|---|---|---|---|---|---|\n";

@@ -381,14 +381,14 @@ std::vector<BenchRow> bench_rows(const BenchResult& r) {
           none ? fmt::format("{:.2f} [{:.2f}, {:.2f}]", p.time_ratio, p.time_ratio_low, p.time_ratio_high) : "-";
       if (!p.fits) row.note = row.note.empty() ? "does not fit" : "does not fit: " + row.note;
     }
-    if (!r.parallel.empty() && !p.measurement.step_seconds.empty()) {
+    if (r.parallel && !p.measurement.step_seconds.empty()) {
       // bench --parallel: memory per rank, no time.
       row.time = row.time_ratio = "-";
       std::vector<std::string> peaks;
       for (const auto b : p.rank_peak_bytes) {
         peaks.push_back(b < 0 ? "failed" : bytes_text(static_cast<double>(r.rank_state_bytes + b)));
       }
-      row.note = fmt::format("per rank through {}: {} in all (one process: {})", r.parallel == "fsdp" ? "FSDP2" : "DDP",
+      row.note = fmt::format("per rank through {}: {} in all (one process: {})", r.parallel == ParallelKind::kFsdp ? "FSDP2" : "DDP",
                              fmt::join(peaks, ", "),
                              bytes_text(static_cast<double>(p.measurement.baseline_bytes + p.measurement.peak_bytes)));
     }
@@ -403,7 +403,7 @@ std::string bench_header(const BenchResult& r) {
                                   bytes_text(static_cast<double>(r.parameter_bytes)),
                                   bytes_text(static_cast<double>(r.gradient_bytes)),
                                   bytes_text(static_cast<double>(r.adam_state_bytes)));
-  if (!r.parallel.empty()) return memory + "; memory per rank, no time";
+  if (r.parallel) return memory + "; memory per rank, no time";
   return fmt::format("{}; {} rounds, policies interleaved; time x none: ratio of the means of the fastest 30% of steps, "
                      "with its 95% interval; {}",
                      memory, r.rounds, r.clock);
@@ -418,7 +418,7 @@ std::vector<std::string> bench_lines(const BenchResult& r) {
   std::vector<std::string> out;
   out.push_back("bench: " + bench_header(r));
   if (!r.offload.empty()) out.push_back(fmt::format("offload {}: {}", r.offload, r.offload_note));
-  if (!r.parallel.empty()) out.push_back(fmt::format("parallel {}, {} ranks: {}", r.parallel, r.world_size, r.parallel_note));
+  if (r.parallel) out.push_back(fmt::format("parallel {}, {} ranks: {}", parallel_kind_name(*r.parallel), r.world_size, r.parallel_note));
   out.push_back(fmt::format("  {:<16} {:>5} {:>12} {:>7} {:>12} {:<30} {:<18} {:<6}  {}", "policy", "ckpt", "peak",
                             "x none", "analytic", "step time median [min..max]", "x none [95%]", "checks", ""));
   for (const auto& row : bench_rows(r)) {

@@ -2,9 +2,24 @@
 
 #include <fmt/format.h>
 
+#include "harness/support/enum_names.h"
 #include "harness/support/errors.h"
 
 namespace ckcheck {
+
+namespace {
+
+constexpr EnumName<ParallelKind> kParallelNames[] = {
+    {ParallelKind::kOff, "off"}, {ParallelKind::kDdp, "ddp"}, {ParallelKind::kFsdp, "fsdp"}};
+
+}  // namespace
+
+const char* parallel_kind_name(ParallelKind kind) { return name_in(kParallelNames, kind); }
+
+ParallelKind parse_parallel_kind(const std::string& name) {
+  if (const auto kind = parse_in(kParallelNames, name)) return *kind;
+  throw UsageError(fmt::format("unknown --parallel '{}'; engines: off, ddp, fsdp", name));
+}
 
 DataParallel::DataParallel(Collective& collective, int64_t bucket_bytes)
     : collective_(collective), bucket_bytes_(bucket_bytes) {}

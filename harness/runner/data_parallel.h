@@ -51,11 +51,19 @@ void gather_ranks(Collective* collective, RunRecords& records, const std::string
 /// DistributedDataParallel: the engine reduces the gradients; the runner still shards the batch,
 /// seeds each rank, and says which steps run through the engine (the single-process reference
 /// runs the bare model).
+/// The engine a Python model trains data-parallel through (--parallel): none, PyTorch's
+/// DistributedDataParallel or FSDP2 (fully_shard).
+enum class ParallelKind { kOff, kDdp, kFsdp };
+/// "off", "ddp", "fsdp": as --parallel names it.
+const char* parallel_kind_name(ParallelKind kind);
+/// The kind --parallel `name` gives (UsageError for another).
+ParallelKind parse_parallel_kind(const std::string& name);
+
 class ParallelEngine {
  public:
   virtual ~ParallelEngine() = default;
-  /// The engine, as --parallel names it ("ddp").
-  virtual std::string engine() const = 0;
+  /// The engine, or kOff where the model was not put into one (it trains alone).
+  virtual ParallelKind engine() const = 0;
   /// The engine's process group (the model joined it when it was built), for gathering results.
   virtual std::unique_ptr<Collective> engine_collective() = 0;
   /// Whether the steps from now on run through the engine (false: the bare model).

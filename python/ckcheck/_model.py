@@ -30,7 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ckcheck import _float64, _parallel
-from ckcheck._core import CheckpointKind as Kind
+from ckcheck._core import CheckpointKind as Kind, ParallelKind as Parallel
 from ckcheck._base import (SetupError, UsageError, _apply_loss, _failure, _first_line,  # noqa: F401
                            _projection, one_step, relative_difference)
 
@@ -240,11 +240,11 @@ def _engine_options(module, policy_opts: dict, compile_opts, extras: dict):
     eager training; FSDP shards a whole model itself."""
     if policy_opts.get("offload", "off") != "off" and compile_opts is not None:
         raise UsageError("--offload applies to eager training; drop --compile or --offload")
-    parallel = policy_opts.get("parallel", "off")
-    if parallel != "off" and compile_opts is not None:
+    parallel = Parallel.parse(policy_opts.get("parallel", "off"))
+    if parallel != Parallel.off and compile_opts is not None:
         raise UsageError("--parallel applies to eager training; drop --compile or --parallel")
     options = _parallel.check_ddp_options(extras["ddp"]), _parallel.check_fsdp_options(extras["fsdp"])
-    if parallel == "fsdp" and any(type(p).__name__ == "DTensor" for p in module.parameters()):
+    if parallel == Parallel.fsdp and any(type(p).__name__ == "DTensor" for p in module.parameters()):
         raise UsageError("the factory's model is sharded already (its parameters are DTensors); return it whole: "
                          "ckcheck shards a copy with fully_shard (the factory's 'fsdp' dict: reshard_after_forward, "
                          "modules)")
@@ -254,12 +254,12 @@ def _engine_options(module, policy_opts: dict, compile_opts, extras: dict):
 def _join_engine(adapter, module, policy_opts: dict, ddp_options, fsdp_options) -> None:
     """A rank of a data-parallel run joins its process group now; the process that starts the ranks
     (no RANK yet) only checks the model."""
-    parallel = policy_opts.get("parallel", "off")
-    if parallel == "off" or "RANK" not in os.environ:
+    parallel = Parallel.parse(policy_opts.get("parallel", "off"))
+    if parallel == Parallel.off or "RANK" not in os.environ:
         return
     try:
         timeout = int(policy_opts.get("parallel_timeout", 300))
-        if parallel == "fsdp":
+        if parallel == Parallel.fsdp:
             engine = _parallel.FsdpEngine(adapter, fsdp_options, timeout, policy_opts.get("mixed_precision", "off"))
         else:
             engine = _parallel.Engine(module, ddp_options, timeout)
@@ -731,8 +731,8 @@ class ModelAdapter:
 
     @property
     def parallel(self):
-        """The engine's name ("ddp", "fsdp"), or "" without one."""
-        return self._engine.name if self._engine is not None else ""
+        """The engine's kind (ParallelKind.ddp, .fsdp), or ParallelKind.off without one."""
+        return self._engine.kind if self._engine is not None else Parallel.off
 
     @property
     def process_group(self):

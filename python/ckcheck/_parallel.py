@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ckcheck._base import UsageError, _failure
+from ckcheck._core import ParallelKind
 
 # The options of DistributedDataParallel a factory may set (its 'ddp' dict).
 DDP_OPTIONS = ("find_unused_parameters", "static_graph", "broadcast_buffers", "bucket_cap_mb",
@@ -146,7 +147,7 @@ class Engine:
     """DistributedDataParallel around the module, made when the first engine step begins (every
     rank begins it together) and made again after a step the reducer did not finish."""
 
-    name = "ddp"
+    kind = ParallelKind.ddp
 
     def __init__(self, module, options, timeout_s):
         self.module = module
@@ -212,7 +213,7 @@ class FsdpEngine:
     attributes go back to the module. The parameters' gradient hooks are counted on the shards:
     FSDP2 runs their post-accumulate hooks once it has reduced a gradient."""
 
-    name = "fsdp"
+    kind = ParallelKind.fsdp
     # FSDP2's own work (all-gathers, casts, reduce-scatters) runs in record_function scopes of these
     # names: ops there are the engine's, not the model's (a checkpoint around an FSDP unit runs its
     # pre-forward all-gather in the forward and not in the recompute).

@@ -39,6 +39,16 @@ def test_the_checkpoint_kind_is_one_vocabulary_for_cpp_and_python():
         CheckpointKind.parse("torch_reentrant")
 
 
+def test_the_data_parallel_engine_is_one_vocabulary_for_cpp_and_python():
+    from ckcheck._core import ParallelKind
+
+    assert [k.text for k in ParallelKind.__members__.values()] == ["off", "ddp", "fsdp"]
+    for kind in ParallelKind.__members__.values():
+        assert ParallelKind.parse(kind.text) == kind
+    with pytest.raises(ValueError):
+        ParallelKind.parse("FSDP")
+
+
 def test_verdict_status_and_cause_are_the_cores_words_typed():
     from ckcheck import _core
 

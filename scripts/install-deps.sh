@@ -75,10 +75,10 @@ fi
 
 # Real models for the eager-Python tests, built from configs with random weights: Hugging Face
 # transformers and PEFT (timm where torchvision is there), and the loops ckcheck checks from inside
-# (Accelerate, Lightning), at the versions in
+# (Accelerate, Lightning) and QLoRA's 4-bit layers (bitsandbytes, on the CPU), at the versions in
 # scripts/constraints.txt. torch is named with its version so that nothing replaces it.
 # Optional: without them those tests report as skipped.
-extras=(transformers peft accelerate lightning)
+extras=(transformers peft accelerate lightning bitsandbytes)
 [[ -n $vision ]] && extras+=(timm "torchvision==$vision")
 # Installed at the pinned versions? (A name without a pin only has to import.)
 pinned='

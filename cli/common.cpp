@@ -431,7 +431,37 @@ RunConfig run_config(const ModelArgs& args) {
   return c;
 }
 
+namespace {
+
+// A protection flag sets the checkpoint ckcheck puts around the sites. Where that is not the
+// checkpoint under test, or that checkpoint has no such setting, the flag would change nothing:
+// it is refused with what to do instead, never ignored.
+void refuse_unheld_protections(const CheckpointProtections& p, const CheckpointChoice& checkpoint) {
+  const bool own = checkpoint.kind == CheckpointKind::kModel || checkpoint.kind == CheckpointKind::kCompiler;
+  if (!p.preserve_rng_state && own) {
+    throw UsageError(fmt::format(
+        "--no-preserve-rng sets the checkpoint ckcheck puts around the sites; under the {} checkpoint the model's "
+        "own decides whether its recompute replays the RNG (preserve_rng_state in its switch's kwargs): drop "
+        "--no-preserve-rng, or set it there",
+        checkpoint.name()));
+  }
+  if (checkpoint.kind == CheckpointKind::kCkcheck) return;
+  const std::pair<const char*, bool> ckcheck_only[] = {{"--no-restore-autocast", !p.restore_autocast},
+                                                       {"--no-check-inputs", !p.check_input_versions},
+                                                       {"--recompute-fp32", p.recompute_fp32}};
+  for (const auto& [flag, given] : ckcheck_only) {
+    if (given) {
+      throw UsageError(fmt::format("{} is a setting of ckcheck's own checkpoint (--checkpoint ckcheck); the {} "
+                                   "checkpoint has none: drop it, or check with --checkpoint ckcheck",
+                                   flag, checkpoint.name()));
+    }
+  }
+}
+
+}  // namespace
+
 void fit_to_checkpoint(RunConfig& config, const CheckpointChoice& checkpoint) {
+  refuse_unheld_protections(config.checkpoint, checkpoint);
   if (checkpoint.kind == CheckpointKind::kTorchSac) config.probe_every_unit = true;
 }
 

@@ -275,3 +275,18 @@ def test_seed_makes_the_weights_a_factory_draws_from_python_and_numpy(tmp_path):
     first, again, other = weights(5), weights(5), weights(6)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert not all(torch.equal(a, b) for a, b in zip(first, other))
+
+
+def test_a_protection_the_checkpoint_under_test_lacks_is_refused_not_ignored():
+    """--no-preserve-rng under the model's own switch, or a setting only ckcheck's checkpoint has
+    under torch's, would change nothing: a UsageError says so. The same settings where they hold run."""
+    pytest.importorskip("transformers")
+    made = factory_result("tiny_gpt2.py", "make_model")
+    model, inputs = made["model"], made["inputs"]
+    with pytest.raises(ckcheck.UsageError, match="preserve_rng_state in its switch"):
+        ckcheck.run(model, inputs, checkpoint="model", preserve_rng_state=False)
+    assert ckcheck.run(model, inputs, checkpoint="torch", preserve_rng_state=False).verdict is ckcheck.Verdict.FAIL
+    mlp, x = twin("mlp")
+    with pytest.raises(ckcheck.UsageError, match="--recompute-fp32 is a setting of ckcheck's own checkpoint"):
+        ckcheck.run(mlp, (x,), checkpoint="torch", recompute_fp32=True)
+    assert ckcheck.run(mlp, (x,), checkpoint="ckcheck", recompute_fp32=True).passed

@@ -164,3 +164,18 @@ def test_the_documented_examples_run_as_the_docs_say(example):
     for flag, status, says in (([], 0, "trained"), (["--reentrant"], 1, "reentrant-no-grad")):
         proc = subprocess.run([sys.executable, path, *flag], capture_output=True, text=True, timeout=600)
         assert proc.returncode == status and says in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_check_step_in_an_accelerate_loop_finds_dropout_without_its_rng_state():
+    acc = accelerate.Accelerator(cpu=True)
+    dropout = functools.partial(moe_model, dropout=0.2)
+    for kwargs, passes in (({"use_reentrant": False, "preserve_rng_state": False}, False),
+                           ({"use_reentrant": False}, True)):
+        model, loader = acc.prepare(dropout(), torch.utils.data.DataLoader(Tokens(), batch_size=2))
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        batch = next(iter(loader))
+        assert truth_differs(dropout, batch, **kwargs) is not passes
+        report = ckcheck.check_step(model, batch, loss=lambda out: out.loss, on_failure="warn")
+        assert report.passed is passes, report.console
+        if not passes:
+            assert ckcheck.Cause.RNG in {f.cause for f in report.findings}, report.console

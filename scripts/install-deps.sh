@@ -75,10 +75,11 @@ fi
 
 # Real models for the eager-Python tests, built from configs with random weights: Hugging Face
 # transformers and PEFT (timm where torchvision is there), and the loops ckcheck checks from inside
-# (Accelerate, Lightning) and QLoRA's 4-bit layers (bitsandbytes, on the CPU), at the versions in
+# (Accelerate, Lightning), QLoRA's 4-bit layers (bitsandbytes) and float8 training (torchao,
+# emulated), all on the CPU, at the versions in
 # scripts/constraints.txt. torch is named with its version so that nothing replaces it.
 # Optional: without them those tests report as skipped.
-extras=(transformers peft accelerate lightning bitsandbytes)
+extras=(transformers peft accelerate lightning bitsandbytes torchao)
 [[ -n $vision ]] && extras+=(timm "torchvision==$vision")
 # Installed at the pinned versions? (A name without a pin only has to import.)
 pinned='

@@ -74,3 +74,62 @@ def test_qlora_with_the_rng_left_unreplayed_fails_with_rng(saved_llama):
                          loss=lambda out: out.loss)
     assert report.verdict is ckcheck.Verdict.FAIL
     assert ckcheck.Cause.RNG in {f.cause for f in report.findings}, report.console
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, width=64):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return x + self.b(torch.relu(self.a(x)))
+
+
+class _Float8Net(torch.nn.Module):
+    """Blocks whose Linears torchao converts to float8 training (emulated: runs on the CPU), a head
+    left in full precision, as torchao's recipes leave the output layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(2))
+        self.head = torch.nn.Linear(64, 16)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def float8_net():
+    float8 = pytest.importorskip("torchao.float8")
+    torch.manual_seed(0)
+    model = _Float8Net()
+    float8.convert_to_float8_training(model, config=float8.Float8LinearConfig(emulate=True),
+                                      module_filter_fn=lambda module, fqn: fqn != "head")
+    return model
+
+
+def float8_truth_differs(reentrant):
+    """PyTorch alone: every block under torch.utils.checkpoint against none, same weights and input."""
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(4))
+
+    def grads(checkpointed):
+        model = float8_net()
+        h = x
+        for block in model.blocks:
+            h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=reentrant) if checkpointed else block(h)
+        model.head(h).square().sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    return any(a is None or b is None or not torch.equal(a, b) for a, b in zip(grads(False), grads(True))), x
+
+
+@pytest.mark.parametrize("checkpoint, reentrant", [("torch", False), ("torch-reentrant", True)])
+def test_float8_training_is_judged_as_pytorch_alone_judges_it(checkpoint, reentrant):
+    differs, x = float8_truth_differs(reentrant)
+    model = float8_net()
+    assert type(model.blocks[0].a).__name__ == "Float8Linear"
+    report = ckcheck.run(model, (x,), checkpoint=checkpoint, loss=lambda out: out.square().sum())
+    assert report.passed is not differs, report.console
+    if differs:  # the reentrant checkpoint on an input that does not require grad: the first block's gradients lost
+        assert ckcheck.Cause.MISSING_GRAD in {f.cause for f in report.findings}, report.console

@@ -118,6 +118,10 @@ try:
     import torch
     import ckcheck
     from ckcheck import _core
+except KeyboardInterrupt:
+    sys.stderr.write("ckcheck: error: stopped by SIGINT (Interrupt) in starting Python; no report was written\n")
+    tell("exit 130")
+    os._exit(130)
 except BaseException as e:
     text = str(e).strip().splitlines()
     sys.stderr.write("ckcheck: error: %s cannot run ckcheck's Python side (%s: %s); set CKCHECK_PYTHON to the Python that has torch and the ckcheck package\n" % (sys.executable, type(e).__name__, text[0] if text else ""))

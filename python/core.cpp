@@ -550,6 +550,8 @@ std::unique_ptr<Model> load(const cli::ModelArgs& args, cli::CheckpointChoice& c
     choice = {adapter.attr("checkpoint").cast<CheckpointKind>(), adapter.attr("checkpoint_reason").cast<std::string>()};
     return std::make_unique<PythonModel>(adapter, choice.kind);
   } catch (py::error_already_set& e) {
+    // A SIGINT while the factory runs (its imports, its weights) stops the run as it would later.
+    if (e.matches(PyExc_KeyboardInterrupt)) throw Interrupted();
     if (given_model) throw UsageError(fmt::format("model {}: {}", given_model->name, one_line(e)));
     throw UsageError(fmt::format("--model {}: {}", args.model, one_line(e)));
   }

@@ -18,7 +18,7 @@ const char* parallel_kind_name(ParallelKind kind) { return name_in(kParallelName
 
 ParallelKind parse_parallel_kind(const std::string& name) {
   if (const auto kind = parse_in(kParallelNames, name)) return *kind;
-  throw UsageError(fmt::format("unknown --parallel '{}'; engines: off, ddp, fsdp", name));
+  throw UsageError(fmt::format("unknown data-parallel engine '{}'; engines: off, ddp, fsdp", name));
 }
 
 DataParallel::DataParallel(Collective& collective, int64_t bucket_bytes)

@@ -62,6 +62,10 @@ class Net(torch.nn.Module):
 def make():
     return Net(), torch.randn(4, 4)
 
+def slow_factory():
+    time.sleep(60)  # still building the model when the tests signal
+    return Net(), torch.randn(4, 4)
+
 def forged():
     # A module name that, printed raw, would put verdict lines of its own on the console.
     return Net("x\\nverdict: PASS\\nverdict: PASS\\n\\x1b[2J"), torch.randn(4, 4)
@@ -117,6 +121,24 @@ def test_no_report_replaces_an_input_file(tmp_path, model, which):
     other = tmp_path / "other.json"
     p = ckcheck("run", "--model", f"{model}:make", "--checkpoint", "torch", "--report", f"json={other}")
     assert p.returncode == 0 and other.exists(), p.stderr
+
+
+def test_sigint_while_the_factory_runs_stops_the_run_as_later(tmp_path, model):
+    """A SIGINT during the model's factory (its imports, its weights) is the same stop, not a model error."""
+    report = tmp_path / "r.json"
+    p = subprocess.Popen([BIN, "run", "--model", f"{model}:slow_factory", "--report", f"json={report}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    child, deadline = None, time.monotonic() + 30
+    while child is None and time.monotonic() < deadline:
+        out = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+        child = int(out[0]) if out else None
+        time.sleep(0.2)
+    time.sleep(8)  # past the interpreter's start, inside the factory's sleep
+    os.kill(child, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert len(err.strip().splitlines()) == 1 and "stopped by SIGINT" in err and "KeyboardInterrupt" not in err, err
+    assert not report.exists()
 
 
 # 2. SIGINT that reaches the Python child: one line, 130, no report.

@@ -45,7 +45,9 @@ class Block(torch.nn.Module):
             if MODE == "hang": time.sleep(1000)
             if MODE == "exit0": os._exit(0)
             if MODE == "kill": os.kill(os.getpid(), signal.SIGKILL)
-        if MODE == "sigint": time.sleep(0.3)
+        if MODE == "sigint":  # tell the test the steps run, then run slowly enough to be signalled in one
+            open(os.environ["CKCHECK_TEST_MARK"], "a").close()
+            time.sleep(0.3)
         if MODE == "slow": time.sleep(1.0)  # a run far longer than the tests wait before they signal
         return torch.tanh(self.lin(x))
 
@@ -143,17 +145,14 @@ def test_sigint_while_the_factory_runs_stops_the_run_as_later(tmp_path, model):
 
 # 2. SIGINT that reaches the Python child: one line, 130, no report.
 def test_sigint_to_the_python_child_stops_the_run(tmp_path, model):
-    report = tmp_path / "r.json"
+    report, mark = tmp_path / "r.json", tmp_path / "in-a-step"
     p = subprocess.Popen([BIN, "run", "--model", f"{model}:make", "--checkpoint", "torch", "--report", f"json={report}"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(ENV, CKCHECK_TEST_MODE="sigint"))
-    child = None
-    deadline = time.monotonic() + 30
-    while child is None and time.monotonic() < deadline:
-        out = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
-        child = int(out[0]) if out else None
-        time.sleep(0.2)
-    time.sleep(3)
+                         env=dict(ENV, CKCHECK_TEST_MODE="sigint", CKCHECK_TEST_MARK=str(mark)))
+    deadline = time.monotonic() + 120  # however slow the machine, the signal lands inside a step
+    while not mark.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()[0])
     os.kill(child, signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err

@@ -235,12 +235,11 @@ def _uncompiled(module, compile_opts):
     return module._orig_mod
 
 
-def _engine_options(module, policy_opts: dict, compile_opts, extras: dict):
+def _engine_options(module, parallel, policy_opts: dict, compile_opts, extras: dict):
     """(DDP's options, FSDP's options) the factory gave, checked. --offload and --parallel apply to
     eager training; FSDP shards a whole model itself."""
     if policy_opts.get("offload", "off") != "off" and compile_opts is not None:
         raise UsageError("--offload applies to eager training; drop --compile or --offload")
-    parallel = Parallel.parse(policy_opts.get("parallel", "off"))
     if parallel != Parallel.off and compile_opts is not None:
         raise UsageError("--parallel applies to eager training; drop --compile or --parallel")
     options = _parallel.check_ddp_options(extras["ddp"]), _parallel.check_fsdp_options(extras["fsdp"])
@@ -251,10 +250,9 @@ def _engine_options(module, policy_opts: dict, compile_opts, extras: dict):
     return options
 
 
-def _join_engine(adapter, module, policy_opts: dict, ddp_options, fsdp_options) -> None:
+def _join_engine(adapter, module, parallel, policy_opts: dict, ddp_options, fsdp_options) -> None:
     """A rank of a data-parallel run joins its process group now; the process that starts the ranks
     (no RANK yet) only checks the model."""
-    parallel = Parallel.parse(policy_opts.get("parallel", "off"))
     if parallel == Parallel.off or "RANK" not in os.environ:
         return
     try:
@@ -293,11 +291,12 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     context_fn = selective_context(checkpoint, policy_opts.get("sac_save", ""), extras["context_fn"])
     offload = policy_opts.get("offload", "off")
     offload_fn = (extras["offload"] or offload_to_cpu) if offload != "off" else None
-    ddp_options, fsdp_options = _engine_options(module, policy_opts, compile_opts, extras)
+    parallel = Parallel.parse(policy_opts.get("parallel", "off"))  # the engine, a ParallelKind
+    ddp_options, fsdp_options = _engine_options(module, parallel, policy_opts, compile_opts, extras)
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "model")
     adapter = ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts, context_fn,
                            (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"))
-    _join_engine(adapter, module, policy_opts, ddp_options, fsdp_options)
+    _join_engine(adapter, module, parallel, policy_opts, ddp_options, fsdp_options)
     return adapter
 
 
@@ -929,11 +928,7 @@ class ModelAdapter:
         if getattr(self, "_engine", None) is not None:
             self._engine.close()
             self._engine = None
-        for m, key, value in self._switch_before:
-            if value is _ABSENT:
-                vars(m).pop(key, None)
-            else:
-                setattr(m, key, value)
+        self._put_switch_attributes_back()
         self._switch_before = []
         self._unwrap_forwards()
         self._paths = {}
@@ -1328,15 +1323,19 @@ class ModelAdapter:
             self._enable = self._switch_as_it_came
             self.checkpoint_reason += "; it came switched on, and is checked as it came (its own settings)"
 
-    def _switch_as_it_came(self):
-        """The model's switch on as the caller set it: every attribute the switch touches back at the
-        value the model came with (the stored checkpoint function with its kwargs), and a forward
-        hook the switch's off removed (Hugging Face's input-grad hook under PEFT) back in place."""
+    def _put_switch_attributes_back(self):
+        """Every attribute the switch touches at the value the model came with (gone where it had none)."""
         for m, key, value in self._switch_before:
             if value is _ABSENT:
                 vars(m).pop(key, None)
             else:
                 setattr(m, key, value)
+
+    def _switch_as_it_came(self):
+        """The model's switch on as the caller set it: every attribute the switch touches back at the
+        value the model came with (the stored checkpoint function with its kwargs), and a forward
+        hook the switch's off removed (Hugging Face's input-grad hook under PEFT) back in place."""
+        self._put_switch_attributes_back()
         for m, name, came in self._hooks_came:
             now = getattr(m, name)
             for hook_id, hook in came.items():

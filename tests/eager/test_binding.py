@@ -233,13 +233,13 @@ def test_the_shared_tensors_of_numbers_and_flags_keep_their_values(kind):
     # read of that value; a reader that wrote into it would change what later reads of the same
     # number compare. After a failing run (the recompute counts again), every one still holds its
     # number.
-    from ckcheck import _model
+    from ckcheck import _state
 
     model, x = factory_result("state_kinds.py", kind)
     report = ckcheck.run(model, (x,), checkpoint="torch")
     assert report.verdict == "fail"
-    assert _model._scalar_tensors, "the run read no number or flag"
-    for (kind_of, value), tensor in _model._scalar_tensors.items():
+    assert _state._scalar_tensors, "the run read no number or flag"
+    for (kind_of, value), tensor in _state._scalar_tensors.items():
         expected = float.fromhex(value) if kind_of is float else value
         assert tensor.item() == expected, (kind_of, value, tensor)
 

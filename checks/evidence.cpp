@@ -39,14 +39,19 @@ const char* const kHostGeneratorHint =
 
 std::string handed_state_change(const UnitProbe& probe) {
   if (probe.handed_state.empty()) return "";
-  return fmt::format("the site changes what it is handed ({}) on every call, as a cache it appends to, so the "
-                     "recompute finds it changed and computes something else than the forward",
+  return fmt::format("the site changes what it is handed ({}) on every call (a cache it appends to, a list it "
+                     "pops from), so the recompute finds it changed and computes something else than the forward",
                      fmt::join(probe.handed_state, ", "));
 }
 
+const char* const kConsumedArgumentsHint =
+    "do not consume or refill what a checkpointed site is handed (pop from a list, assign into a dict): hand it a "
+    "tuple, or a copy it may change";
+
 const char* const kHandedStateHint =
-    "keep what the unit appends to out of the checkpointed step: turn the cache off while training "
-    "(use_cache=False for a Hugging Face model), or leave this unit out of checkpointing";
+    "keep what the unit changes of its arguments out of the checkpointed step: turn the cache off while training "
+    "(use_cache=False for a Hugging Face model), hand it a tuple or a copy rather than a list it pops from, or "
+    "leave this unit out of checkpointing";
 
 Cause dtype_cause(const CheckContext& ctx) {
   return ctx.config.amp == Amp::kOff && engine_mixed_precision(ctx.config.data_parallel) != "off" ? Cause::kRecomputeDtype
@@ -191,6 +196,7 @@ namespace {
 // Every input the call changed in place, by when: during the site's forward, after it, or unseen by
 // autograd (content only); nothing when none was.
 std::optional<SiteExplanation> changed_inputs(const std::string& site, const CallEvidence& c) {
+  if (c.recomputed && c.inputs_recompute != c.inputs_forward) return std::nullopt;  // positions no longer match
   std::vector<size_t> during, after, untracked;
   for (size_t i = 0; i < c.versions_entry.size(); ++i) {
     if (i < c.versions_exit.size() && c.versions_exit[i] != c.versions_entry[i]) {
@@ -268,6 +274,13 @@ std::optional<SiteExplanation> explain_call(const CheckContext& ctx, const std::
     return SiteExplanation{site, Cause::kRng, std::move(host), kHostGeneratorHint};
   }
   if (auto probed = probed_cause(site, c, probe)) return probed;
+  if (c.recomputed && c.inputs_recompute != c.inputs_forward) {  // changed by someone else than the site
+    return SiteExplanation{site, Cause::kInPlace,
+                           fmt::format("the site's arguments hold {} input tensors at its forward and {} at its "
+                                       "recompute (a list it is handed was consumed or refilled in between)",
+                                       c.inputs_forward, c.inputs_recompute),
+                           kConsumedArgumentsHint};
+  }
   if (c.recompute_failed) return std::nullopt;  // no evidence: the step's verdict is error
   // Never non-deterministic without a failing determinism probe: say that nothing explains it.
   return SiteExplanation{site, Cause::kUnexplained,

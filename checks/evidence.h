@@ -40,6 +40,10 @@ std::string handed_state_change(const UnitProbe& probe);
 /// The fix for a unit that changes what it is handed.
 extern const char* const kHandedStateHint;
 
+/// The fix for a site whose arguments (a list it is handed) were consumed or refilled between its
+/// forward and its recompute.
+extern const char* const kConsumedArgumentsHint;
+
 /// The cause of a recompute in other dtypes than its forward: recompute-dtype where the engine
 /// casts the parameters (FSDP2's mixed precision) and AMP is off, else autocast.
 Cause dtype_cause(const CheckContext& ctx);

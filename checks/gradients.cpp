@@ -19,6 +19,14 @@ constexpr CauseWord kOutputStructureWord{
     "use_cache=False yourself so that both steps return the same"};
 const Cause kOutputStructure{kOutputStructureWord};
 
+constexpr CauseWord kNotAppliedWord{
+    "not-applied",
+    "checkpointing is asked for here but recomputes nothing, so it keeps every activation and frees no memory: an "
+    "op-level policy must leave ops to the recompute (PREFER_RECOMPUTE for the cheap ones, MUST_SAVE only for "
+    "matmuls and attention), and a switch must reach the layers that run (enable it after wrapping the model, on "
+    "the module the trainer calls)"};
+const Cause kNotApplied{kNotAppliedWord};
+
 // The checkpointed step's output has another structure than the plain one's (a cache or key the
 // checkpoint drops): never silent. Outputs present on one side only are part of it.
 bool structure_differs(const CheckContext& ctx) {
@@ -209,6 +217,26 @@ Finding group_finding(Group g) {
   return g.finding;
 }
 
+// An op-level policy that saved every op of a site recomputes nothing there: the checkpoint keeps
+// all of the site's activations, and the equal gradients exercised no recompute.
+void warn_when_policy_keeps_everything(const CheckContext& ctx, CheckResult& r) {
+  size_t sites = 0;
+  for (const auto& t : ctx.model.op_policy()) {
+    if (t.recomputed > 0 || t.saved == 0) continue;
+    ++sites;
+    Finding f{kNotApplied, t.site, "",
+              fmt::format("the op-level policy saves all {} of the site and leaves none to the recompute: the "
+                          "checkpoint keeps every activation here, and the equal gradients exercised no recompute",
+                          count_of(static_cast<size_t>(t.saved), "op")),
+              ""};
+    f.details = {{"ops_saved", t.saved}, {"ops_recomputed", t.recomputed}};
+    add_finding(r, std::move(f));
+  }
+  if (sites == 0) return;
+  r.status = Status::kWarn;
+  r.summary += fmt::format("; but the op-level policy recomputes nothing at {}", count_of(sites, "site"));
+}
+
 // Equal gradients say nothing when no parameter has one, when nothing is checkpointed, or about
 // sites no gradient reached: a warning for each.
 void warn_when_vacuous(const CheckContext& ctx, CheckResult& r) {
@@ -228,6 +256,7 @@ void warn_when_vacuous(const CheckContext& ctx, CheckResult& r) {
     add_finding(r, {Cause::kVacuous, "", "", "the policy checkpoints nothing, so the run compares the plain step with itself", ""});
     return;
   }
+  warn_when_policy_keeps_everything(ctx, r);
   if (ctx.records.compiled) return;  // no call reaches the runner from inside a compiled graph
   std::vector<std::string> unexercised;
   for (const auto& unit : ctx.plan.units) {
@@ -252,9 +281,9 @@ class GradientsCheck : public DeclaredCheck {
   GradientsCheck()
       : DeclaredCheck(CheckInfo{"gradients", CheckKind::kSymptom, 10,
           "loss, outputs, parameter and input gradients equal the plain step's (within the tolerance); warns "
-          "when no gradient reaches the checkpointed sites or the checkpointed step returns another output "
-          "structure"}
-          .with_causes({kOutputStructure})) {}
+          "when no gradient reaches the checkpointed sites, an op-level policy recomputes nothing there, or the "
+          "checkpointed step returns another output structure"}
+          .with_causes({kOutputStructure, kNotApplied})) {}
 
   CheckResult run(const CheckContext& ctx) const override {
     if (!ctx.records.reference.error.empty()) return reference_failed(id(), ctx);

@@ -45,6 +45,24 @@ std::optional<Finding> changed_input(const CallEvidence& c, size_t i) {
   return f;
 }
 
+// The call's arguments held other tensors at the recompute than at the forward (a list, dict or
+// object it is handed changed in between), and the recompute computed something else from them.
+Finding changed_arguments(const CallEvidence& c) {
+  Finding f;
+  f.cause = Cause::kInPlace;
+  f.site = c.site;
+  f.tensor = "arguments";
+  f.message = fmt::format(
+      "the site's arguments hold {} at its forward and {} at its recompute: a list, dict or object it is "
+      "handed was changed in between (an item popped, appended or replaced), and the recompute computed "
+      "from what it holds then",
+      count_of(c.inputs_forward, "tensor"), count_of(c.inputs_recompute, "tensor"));
+  f.hint = kConsumedArgumentsHint;
+  f.details = {{"inputs_forward", c.inputs_forward}, {"inputs_recompute", c.inputs_recompute},
+               {"when", "between forward and recompute"}};
+  return f;
+}
+
 // State the site reads, changed by someone else between its forward and its recompute.
 Finding changed_state(const CallEvidence& c) {
   Finding f;
@@ -76,6 +94,17 @@ class InputMutationCheck : public DeclaredCheck {
     size_t calls = 0;
     for (const auto& c : ctx.records.checkpointed.calls) {
       ++calls;
+      if (c.recomputed && c.inputs_recompute != c.inputs_forward) {  // input positions no longer match
+        // A list the site appends to (auxiliary losses) grows in between and changes nothing it computes;
+        // one the site itself changes at every call (a cache, a list it pops from) is state it keeps, which
+        // the determinism probe names.
+        const UnitProbe* probe = probe_for(ctx, c.site);
+        const bool own = probe && !probe->handed_state.empty();
+        if (!own && recompute_differs(c) && seen.insert({c.site, SIZE_MAX - 1}).second) {
+          add_finding(r, changed_arguments(c));
+        }
+        continue;
+      }
       for (size_t i = 0; i < c.versions_entry.size(); ++i) {
         if (seen.count({c.site, i})) continue;
         auto f = changed_input(c, i);

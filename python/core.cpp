@@ -325,6 +325,26 @@ class PythonModel : public Model, public ParallelEngine {
     return it != aliases_->end() ? it->second : std::vector<std::string>{};
   }
 
+  std::vector<OpPolicyTally> op_policy() const override {
+    IntoPython gil;
+    std::vector<OpPolicyTally> out;
+    for (const auto& [site, saved, recomputed] :
+         adapter_.attr("op_policy")().cast<std::vector<std::tuple<std::string, int64_t, int64_t>>>()) {
+      out.push_back({site, saved, recomputed});
+    }
+    return out;
+  }
+
+  std::vector<std::pair<std::string, std::string>> module_variables() const override {
+    IntoPython gil;
+    return adapter_.attr("module_variables")().cast<std::vector<std::pair<std::string, std::string>>>();
+  }
+
+  std::string state_origin(const std::string& name) const override {
+    IntoPython gil;
+    return adapter_.attr("state_origin")(name).cast<std::string>();
+  }
+
   std::string output_structure() const override {
     IntoPython gil;
     return adapter_.attr("last_structure").cast<std::string>();

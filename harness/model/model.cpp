@@ -35,7 +35,8 @@ std::vector<torch::Tensor> Model::site_buffers(const std::string& site) {
 
 bool is_state_kind(const std::string& kind) {
   return kind == state_kind::kBuffer || kind == state_kind::kTensorAttribute || kind == state_kind::kScalarAttribute ||
-         kind == state_kind::kMode || kind == state_kind::kExtra || kind == state_kind::kParameter;
+         kind == state_kind::kMode || kind == state_kind::kExtra || kind == state_kind::kParameter ||
+         kind == state_kind::kGlobal;
 }
 
 std::string state_kind_words(const std::string& kind) {
@@ -44,6 +45,7 @@ std::string state_kind_words(const std::string& kind) {
   if (kind == state_kind::kMode) return "training flag";
   if (kind == state_kind::kExtra) return "state";
   if (kind == state_kind::kParameter) return "parameter value";
+  if (kind == state_kind::kGlobal) return "module-level variable";
   return "buffer";
 }
 

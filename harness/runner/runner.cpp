@@ -65,6 +65,18 @@ std::vector<int64_t> versions_of(const std::vector<Tensor>& ts) {
   return v;
 }
 
+using Digests = std::vector<std::pair<std::string, std::string>>;
+
+// The names whose digest changed from `before` to `after`, or that are new.
+std::vector<std::string> changed_digests(const Digests& before, const Digests& after) {
+  std::vector<std::string> changed;
+  for (const auto& [name, digest] : after) {
+    const auto it = std::find_if(before.begin(), before.end(), [&](const auto& b) { return b.first == name; });
+    if (it == before.end() || it->second != digest) changed.push_back(name);
+  }
+  return changed;
+}
+
 // Collects CallEvidence for every checkpointed call of one step, and tells the tracer where the
 // step is.
 class EvidenceObserver : public CheckpointObserver {
@@ -84,9 +96,11 @@ class EvidenceObserver : public CheckpointObserver {
     e.call = c.id;
     e.step = step;
     e.versions_entry = versions_of(inputs);
+    e.inputs_forward = inputs.size();
     e.forward_no_grad = !torch::GradMode::is_enabled();
     for (const auto& x : inputs) e.inputs_require_grad = e.inputs_require_grad || (x.defined() && x.requires_grad());
     for (const auto& x : inputs) entry_prints_[c.id].push_back(fingerprint(x));
+    if (model_) variables_before_[c.id] = model_->module_variables();
     rng_before_[c.id] = RngState::capture();
     draw_watches_[c.id] = std::make_unique<DrawWatch>(e.forward_draws);
   }
@@ -99,6 +113,7 @@ class EvidenceObserver : public CheckpointObserver {
     draw_watches_.erase(c.id);
     auto& e = calls_[c.id];
     e.versions_exit = versions_of(inputs);
+    e.variables_forward = variables_written(c.id);
     const auto rng_after = RngState::capture();
     const auto& before = rng_before_[c.id];
     e.rng_consumed = rng_after != before;
@@ -129,6 +144,8 @@ class EvidenceObserver : public CheckpointObserver {
       return;
     }
     e.recomputed = true;
+    if (model_) variables_before_[c.id] = model_->module_variables();
+    e.inputs_recompute = inputs.size();
     e.versions_recompute = versions_of(inputs);
     draw_watches_[c.id] = std::make_unique<DrawWatch>(e.recompute_draws);
     // State the unit reads (Model::unit_state: its own modules', a shared one's under its first
@@ -170,6 +187,7 @@ class EvidenceObserver : public CheckpointObserver {
     draw_watches_.erase(c.id);
     auto& e = calls_[c.id];
     const bool again = !e.output_diffs.empty();
+    if (!again) e.variables_recompute = variables_written(c.id);
     recompute_ended_.insert(c.id);
     // Whatever the checkpoint (ckcheck's, torch's, the model's own): a recompute that drew the
     // forward's random numbers from the forward's state ends where the forward ended.
@@ -199,6 +217,7 @@ class EvidenceObserver : public CheckpointObserver {
     outputs_.clear();
     recompute_ended_.clear();
     entry_prints_.clear();
+    variables_before_.clear();
     rng_after_forward_.clear();
     state_at_forward_.clear();
   }
@@ -211,6 +230,7 @@ class EvidenceObserver : public CheckpointObserver {
   std::map<int64_t, std::unique_ptr<DrawWatch>> draw_watches_;  // a call's forward or recompute under way
   std::map<int64_t, std::vector<Tensor>> outputs_;  // the forward's, until the step ends
   std::set<int64_t> recompute_ended_;                // calls a recompute of which ended
+  std::map<int64_t, Digests> variables_before_;      // module-level variables as the call's forward or recompute began
   std::map<int64_t, std::vector<uint64_t>> entry_prints_;
   std::map<int64_t, RngState> rng_before_;
   std::map<int64_t, RngState> rng_after_forward_;
@@ -229,6 +249,16 @@ class EvidenceObserver : public CheckpointObserver {
       }
     }
     return {label};
+  }
+
+  // The module-level variables of the model's code that call `id`'s forward or recompute, begun
+  // with variables_before_ taken, wrote (appended to, counted up, rebound).
+  std::vector<std::string> variables_written(int64_t id) {
+    const auto it = variables_before_.find(id);
+    if (!model_ || it == variables_before_.end()) return {};
+    auto written = changed_digests(it->second, model_->module_variables());
+    variables_before_.erase(it);
+    return written;
   }
 
   // The parameters and state the unit of `sites` reads, each by identity and version.
@@ -1076,17 +1106,6 @@ namespace {
 // changes only now and then, at four extra calls per checkpointed unit.
 constexpr int kRestarts = 4;
 
-using Digests = std::vector<std::pair<std::string, std::string>>;
-
-// The names whose digest changed from `before` to `after`, or that are new.
-std::vector<std::string> changed_digests(const Digests& before, const Digests& after) {
-  std::vector<std::string> changed;
-  for (const auto& [name, digest] : after) {
-    const auto it = std::find_if(before.begin(), before.end(), [&](const auto& b) { return b.first == name; });
-    if (it == before.end() || it->second != digest) changed.push_back(name);
-  }
-  return changed;
-}
 
 // Runs the forward plainly, but at each checkpointed unit repeats the unit on the inputs it got
 // (see UnitProbe) before letting the forward go on.

@@ -92,6 +92,12 @@ struct CallEvidence {
   int64_t step = 1;
   std::vector<int64_t> versions_entry, versions_exit, versions_recompute;
   std::vector<bool> content_changed;  // input content at the recompute differs from the entry
+  /// How many input tensors the call had at its forward and at its recompute: they differ where a
+  /// list or dict it is handed was changed in between (an item popped, appended or replaced).
+  size_t inputs_forward = 0, inputs_recompute = 0;
+  /// The module-level variables of the model's code ("FILE:NAME") its forward and its (first)
+  /// recompute wrote (Model::module_variables).
+  std::vector<std::string> variables_forward, variables_recompute;
   /// Model state (parameters, buffers, tensor and scalar attributes) changed after the site's
   /// forward and before its recompute -- by the parent or a later site -- by name.
   std::vector<std::string> state_changed;

@@ -30,6 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from ckcheck import _float64, _parallel
+from ckcheck._globals import ModuleVariables, own_namespaces
 from ckcheck._core import CheckpointKind as Kind, ParallelKind as Parallel
 from ckcheck._state import (_SCALARS, _GeneratorState, _container_contents, _copy_value, _fingerprint,
                             _flatten_attr, _generator_state, _held_digest, _host_generator,
@@ -298,7 +299,8 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     ddp_options, fsdp_options = _engine_options(module, parallel, policy_opts, compile_opts, extras)
     name = spec if isinstance(spec, str) else getattr(spec, "__qualname__", "model")
     adapter = ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts, context_fn,
-                           (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"))
+                           (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"),
+                           factory=factory)
     _join_engine(adapter, module, parallel, policy_opts, ddp_options, fsdp_options)
     return adapter
 
@@ -436,6 +438,13 @@ def selective_context(checkpoint, sac_save, factory_context_fn):
     return functools.partial(create_selective_checkpoint_contexts, policy)
 
 
+def _saves(decision):
+    """Whether an op-level policy's decision keeps the op's output (True, MUST_SAVE, PREFER_SAVE)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return decision is True or decision in (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+
+
 def offload_to_cpu():
     """ckcheck's activation offload: saved-tensor hooks that copy every tensor autograd saves to
     the CPU in the forward (pinned memory from a GPU) and back to its device in the backward, as
@@ -494,6 +503,10 @@ class _CallArguments:
         # Tuples (named ones too) are opened; lists, dicts and other objects are one leaf each. The
         # keywords' values in their order are pytree's order of the dict.
         self._forward, self.args, self.kwargs = forward, args, kwargs
+        # The call as a checkpoint's recompute hands it, where its arguments hold other tensors
+        # than at the forward (a list the forward popped from); None otherwise.
+        self.recomputed = None
+        self.site = ""  # the runner's site the call goes through (_through_site)
         self._outer, self._spec = pytree.tree_flatten((args, tuple(kwargs.values())), is_leaf=_unopened)
         self._inner = []  # per outer leaf: (its leaves, its spec) where pytree opens it, else None
         self.tensors = []
@@ -595,11 +608,14 @@ class ModelAdapter:
     """What ckcheck's Model interface needs, for an nn.Module and its inputs."""
 
     def __init__(self, name, module, args, kwargs, loss, switch, checkpoint, reason="asked for", compile_opts=None,
-                 context_fn=None, offload=(None, "")):
+                 context_fn=None, offload=(None, ""), factory=None):
         self.name = name
+        # The model's own modules' variables (a counter, a loss tracker): state, as its attributes are.
+        self._globals = ModuleVariables(own_namespaces(module, factory))
         self._context_fn = context_fn  # --checkpoint torch-sac: the op-level policy's contexts
         self._offload, self._offload_hooks = offload  # --offload: a context manager factory, and whose
         self._offload_facts = None
+        self._op_policy = {}
         self.module = module
         self.loss = loss
         self.checkpoint = checkpoint
@@ -611,16 +627,7 @@ class ModelAdapter:
         self._names = {}  # id(module) -> path
         self._tied = None  # see _tied_tensors()
         self._active_paths = []  # the module forwards under way (innermost last)
-        self._units_seen = []  # --checkpoint model: units met by the checkpoint tap, in order
-        self._tap_units = False  # --checkpoint model: the units are the tapped calls
-        # --checkpoint model: (serial of the tapped checkpoint call, whether the checkpoint runs its
-        # function again) while a tapped unit runs; None otherwise.
-        self.unit_call = None
-        self._tapped_calls = itertools.count(1)
-        self._taps = 0  # checkpoint calls the tap met, all steps together
-        self._tap_depth = 0  # tapped functions running now
-        self._nested_seen, self._outer_seen = set(), set()  # units met inside another's function, and not
-        self._unit_paths = set()  # ... and their modules
+        self._init_taps()
         self._switch_on = False  # the model's own switch is on for the step under way
         self.last_structure = ""  # what the last forward returned, without its values
         leaves, self._in_spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
@@ -655,6 +662,19 @@ class ModelAdapter:
             self._compile(compile_opts)
         if self._offload is not None:
             self._offload_facts = self._compare_offloaded()
+
+    def _init_taps(self):
+        """What --checkpoint model's tap of the model's own checkpoint calls keeps."""
+        self._units_seen = []  # units met by the checkpoint tap, in order
+        self._tap_units = False  # the units are the tapped calls
+        # (serial of the tapped checkpoint call, whether the checkpoint runs its function again) while
+        # a tapped unit runs; None otherwise.
+        self.unit_call = None
+        self._tapped_calls = itertools.count(1)
+        self._taps = 0  # checkpoint calls the tap met, all steps together
+        self._tap_depth = 0  # tapped functions running now
+        self._nested_seen, self._outer_seen = set(), set()  # units met inside another's function, and not
+        self._unit_paths = set()  # ... and their modules
 
     # -- data-parallel training (--parallel) ----------------------------------------------------
     def attach_engine(self, engine):
@@ -935,10 +955,13 @@ class ModelAdapter:
         """Calls forward(*args, **kwargs) through the runner's site `path`: its tensors, nested or
         not, are the site's inputs and outputs."""
         call = _CallArguments(args, kwargs, forward)
+        call.site = path
         box = {}
 
         def fn(tensors):
-            a, k = call.with_tensors(tensors)
+            # A checkpoint that hands the recompute the arguments themselves (torch's) may hand a
+            # list the forward consumed or refilled since: the call as the checkpoint makes it.
+            a, k = (call.recomputed or call).with_tensors(tensors)
             out = forward(*a, **k)
             out_leaves, out_spec = pytree.tree_flatten(out)
             out_idx = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
@@ -1071,9 +1094,11 @@ class ModelAdapter:
             return self._tapped_units(called)
         outer = [p for p in called if p in recomputed and not any(p.startswith(q + ".") for q in recomputed)]
         if not outer:
-            raise UsageError("--checkpoint model: the model's own switch checkpointed nothing (no module ran "
-                             "again during backward); is the model in training mode, and does a checkpointed "
-                             "layer get an input that requires grad?")
+            sets = f" (it sets {', '.join(sorted(self._switch_attrs))})" if self._switch_attrs else ""
+            raise UsageError(f"--checkpoint model: the model's own switch{sets} checkpointed nothing (no module ran "
+                             "again during backward), so checkpointing is not applied: does the forward read what "
+                             "the switch sets, is the switch on the module that runs, is the model in training "
+                             "mode, and does a checkpointed layer get an input that requires grad?")
         return outer
 
     def torch_checkpoint(self, fn, inputs, reentrant, preserve_rng_state):
@@ -1089,7 +1114,12 @@ class ModelAdapter:
         call = self._structures[-1]
 
         def structured(*a, **k):  # the call's arguments, their tensors detached under use_reentrant=True
-            return fn(*_CallArguments(a, k).tensors)
+            given = _CallArguments(a, k)
+            call.recomputed = given if len(given.tensors) != len(call.tensors) else None
+            try:
+                return fn(*given.tensors)
+            finally:
+                call.recomputed = None
 
         a, k = call.args, call.kwargs
         with tc.set_checkpoint_early_stop(False):
@@ -1100,10 +1130,34 @@ class ModelAdapter:
                                     preserve_rng_state=preserve_rng_state)
             else:
                 context_fn = self._step_context_fn or self._context_fn
-                extra = {"context_fn": context_fn} if context_fn is not None else {}
+                extra = {"context_fn": self._tallied(context_fn, call.site)} if context_fn is not None else {}
                 out = tc.checkpoint(structured, *a, use_reentrant=False, preserve_rng_state=preserve_rng_state,
                                     **extra, **k)
         return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def _tallied(self, context_fn, site):
+        """`context_fn` whose forward context counts what its op-level policy decides at `site`:
+        [ops saved, ops left to recompute] in self._op_policy. The decisions are the policy's own."""
+        def contexts():
+            forward_ctx, recompute_ctx = context_fn()
+            policy = getattr(forward_ctx, "policy_fn", None)
+            if callable(policy):
+                tally = self._op_policy[site] = [0, 0]  # the site's latest call
+
+                def counting(ctx, op, *args, **kwargs):
+                    decision = policy(ctx, op, *args, **kwargs)
+                    tally[0 if _saves(decision) else 1] += 1
+                    return decision
+
+                forward_ctx.policy_fn = counting
+            return forward_ctx, recompute_ctx
+
+        return contexts
+
+    def op_policy(self):
+        """[(site, ops saved, ops left to recompute)] of the op-level policy at each site's latest
+        checkpointed call; empty without one."""
+        return [(site, saved, recomputed) for site, (saved, recomputed) in self._op_policy.items()]
 
     def selective_problem(self, ops):
         """Why the ops of a sac:OPS policy cannot be saved ("" when they can)."""
@@ -1279,7 +1333,17 @@ class ModelAdapter:
             _flatten_attr("@" + full, getattr(m, key), out)
         for path, m in self.module.named_modules():
             out.append(("@" + (f"{path}.training" if path else "training"), _scalar_tensor(bool(m.training)), "mode"))
+        self._globals.state_tensors(out)
         return out
+
+    def module_variables(self):
+        """[("FILE:NAME", digest)] of the module-level variables of the model's own code."""
+        return self._globals.digests()
+
+    def state_origin(self, name):
+        """Where the model's code writes the state entry `name` ("FILE:LINE"), where ckcheck can tell
+        (module-level variables); "" otherwise."""
+        return self._globals.origin(name) if name.startswith("@") and ":" in name else ""
 
     def unit_state(self, sites):
         """(name, tensor, kind) of the parameters (kind "") and the state (as state_tensors() lists
@@ -1387,12 +1451,13 @@ class ModelAdapter:
         # Taken inside a call (the determinism probe runs a unit again from here): the lists, dicts
         # and objects the calls under way were handed are state too (a cache a block appends to).
         handed = _container_contents(c for _, _, kept in self._handed() for c in kept)
-        return params, buffers, attrs, modes, _host_generators(), handed
+        return params, buffers, attrs, modes, _host_generators(), handed, self._globals.snapshot()
 
     def restore(self, snap):
-        params, buffers, attrs, modes, host, handed = snap
+        params, buffers, attrs, modes, host, handed, variables = snap
         _set_host_generators(host)
         _put_back_contents(handed)
+        self._globals.restore(variables)
         with torch.no_grad():
             for n, p in self.module.named_parameters():
                 if n in params:

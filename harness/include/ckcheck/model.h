@@ -81,6 +81,7 @@ constexpr const char* kScalarAttribute = "scalar";     // a number, flag or stri
 constexpr const char* kMode = "mode";                  // a module's training flag
 constexpr const char* kExtra = "extra";                // other state a C++ model declares
 constexpr const char* kParameter = "parameter";        // a parameter's value, where the step changed it in place
+constexpr const char* kGlobal = "global";              // a module-level variable of the model's own code
 }  // namespace state_kind
 /// True for the record kinds above (state compared after the step by the buffers check).
 bool is_state_kind(const std::string& kind);
@@ -203,6 +204,10 @@ class Model {
   /// first path only, and a site reaching it through another path reads it too. Empty for the rest.
   virtual std::vector<std::string> state_aliases(const std::string& name) const { return {}; }
 
+  /// Where the model's code writes state tensor `name` ("FILE:LINE"), where the model can tell (a
+  /// module-level variable of a Python model); "" otherwise.
+  virtual std::string state_origin(const std::string& name) const { return ""; }
+
   /// What the last forward() returned, without its values (containers, their keys, the kind of
   /// each leaf), where the model can say; "" otherwise.
   virtual std::string output_structure() const { return ""; }
@@ -214,6 +219,20 @@ class Model {
   /// global generator, a `random.Random` or NumPy generator a module keeps), each by name with a digest of its state: a unit whose call moves one draws
   /// numbers no checkpoint replays. Empty where the model has none. snapshot() keeps their state.
   virtual std::vector<std::pair<std::string, std::string>> host_generators() const { return {}; }
+
+  /// What an op-level policy (selective checkpointing) decided at each site in the last checkpointed
+  /// forward: how many ops it saved and how many it left to the recompute. Empty without one.
+  struct OpPolicyTally {
+    std::string site;
+    int64_t saved = 0, recomputed = 0;
+  };
+  virtual std::vector<OpPolicyTally> op_policy() const { return {}; }
+
+  /// The module-level variables of the model's own code (a counter, a loss tracker in a module's
+  /// dict), each by name ("FILE:NAME") with a digest of what it holds: a checkpointed call that
+  /// changes a digest wrote it. Their values are state_tensors() of kind state_kind::kGlobal, and
+  /// snapshot() keeps them. Empty where the model has none (C++ and TorchScript models).
+  virtual std::vector<std::pair<std::string, std::string>> module_variables() const { return {}; }
 
   /// The arguments of the site calls under way that hold state a call may change (a list it
   /// appends to, a cache object whose attributes it rebinds), each by name with a digest of what

@@ -325,6 +325,11 @@ class PythonModel : public Model, public ParallelEngine {
     return it != aliases_->end() ? it->second : std::vector<std::string>{};
   }
 
+  int64_t inputs_seen(const std::string& site) const override {
+    IntoPython gil;
+    return adapter_.attr("inputs_seen")(site).cast<int64_t>();
+  }
+
   std::vector<OpPolicyTally> op_policy() const override {
     IntoPython gil;
     std::vector<OpPolicyTally> out;

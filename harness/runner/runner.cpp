@@ -187,7 +187,11 @@ class EvidenceObserver : public CheckpointObserver {
     draw_watches_.erase(c.id);
     auto& e = calls_[c.id];
     const bool again = !e.output_diffs.empty();
-    if (!again) e.variables_recompute = variables_written(c.id);
+    if (!again) {
+      e.variables_recompute = variables_written(c.id);
+      // The saved tensors handed back, and the list they came from holding others by now.
+      if (const auto seen = model_ ? model_->inputs_seen(c.site) : -1; seen >= 0) e.inputs_recompute = seen;
+    }
     recompute_ended_.insert(c.id);
     // Whatever the checkpoint (ckcheck's, torch's, the model's own): a recompute that drew the
     // forward's random numbers from the forward's state ends where the forward ended.

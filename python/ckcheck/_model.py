@@ -520,6 +520,7 @@ class _CallArguments:
                     inner = (leaves, spec)
                     self.tensors.extend(t for t in leaves if isinstance(t, torch.Tensor))
             self._inner.append(inner)
+        self.opened = any(i is not None for i in self._inner)  # a list, dict or object holds tensors
 
     def with_tensors(self, tensors):
         """(args, kwargs) with `tensors` (in the order of self.tensors) in place of the call's."""
@@ -616,6 +617,7 @@ class ModelAdapter:
         self._offload, self._offload_hooks = offload  # --offload: a context manager factory, and whose
         self._offload_facts = None
         self._op_policy = {}
+        self._inputs_seen = {}  # site -> input tensors its latest call's arguments held as its code ran
         self.module = module
         self.loss = loss
         self.checkpoint = checkpoint
@@ -962,6 +964,8 @@ class ModelAdapter:
             # A checkpoint that hands the recompute the arguments themselves (torch's) may hand a
             # list the forward consumed or refilled since: the call as the checkpoint makes it.
             a, k = (call.recomputed or call).with_tensors(tensors)
+            # What the model's code gets: a list it is handed holds what it holds now (inputs_seen).
+            self._inputs_seen[path] = len(_CallArguments(a, k).tensors) if call.opened else -1
             out = forward(*a, **k)
             out_leaves, out_spec = pytree.tree_flatten(out)
             out_idx = [i for i, v in enumerate(out_leaves) if isinstance(v, torch.Tensor)]
@@ -1153,6 +1157,11 @@ class ModelAdapter:
             return forward_ctx, recompute_ctx
 
         return contexts
+
+    def inputs_seen(self, site):
+        """How many input tensors the arguments of `site`'s latest call held as the model's code got
+        them (a list consumed since its forward holds fewer); -1 where they hold no list or dict."""
+        return self._inputs_seen.get(site, -1)
 
     def op_policy(self):
         """[(site, ops saved, ops left to recompute)] of the op-level policy at each site's latest

@@ -107,6 +107,8 @@ def _host_generator(value):
     """True for a generator outside torch: Python's random.Random, NumPy's Generator or RandomState."""
     if _plain_scalar(value):
         return False
+    if isinstance(value, random.SystemRandom):  # the system's entropy: no state to keep or compare
+        return False
     if isinstance(value, random.Random):
         return True
     numpy = sys.modules.get("numpy")

@@ -79,11 +79,13 @@ def test_the_same_variable_without_checkpoints_passes_and_each_checkpoint_is_cau
     assert r.check("side-effects")["status"] == "fail", r.out
 
 
-@pytest.mark.parametrize("name", ["list_pop", "list_parent_pops"])
-def test_a_list_argument_consumed_before_the_recompute_fails_with_the_arguments_named(ckcheck, name):
+@pytest.mark.parametrize("name,checkpoint_kind", [("list_pop", "torch"), ("list_parent_pops", "torch"),
+                                                   ("list_pop", "ckcheck")])
+def test_a_list_argument_consumed_before_the_recompute_fails_with_the_arguments_named(ckcheck, name,
+                                                                                      checkpoint_kind):
     _, grads_differ = pytorch_truth(name)
     assert grads_differ  # PyTorch: the recompute reads the next item, silently
-    r = ckcheck("run", "--model", fixture(f"{FILE}:{name}"), "--checkpoint", "torch")
+    r = ckcheck("run", "--model", fixture(f"{FILE}:{name}"), "--checkpoint", checkpoint_kind)
     assert r.code == 1, r.out + r.err
     assert r.check("gradients")["status"] == "fail"
     mutation = findings(r, "input-mutation")

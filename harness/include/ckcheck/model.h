@@ -220,6 +220,11 @@ class Model {
   /// numbers no checkpoint replays. Empty where the model has none. snapshot() keeps their state.
   virtual std::vector<std::pair<std::string, std::string>> host_generators() const { return {}; }
 
+  /// How many input tensors the arguments of `site`'s latest call held as the model's code got them:
+  /// under a checkpoint that hands the recompute the saved tensors, a list the call is handed may
+  /// hold others by then (consumed by pop). -1 where the model cannot tell or they hold no list.
+  virtual int64_t inputs_seen(const std::string& site) const { return -1; }
+
   /// What an op-level policy (selective checkpointing) decided at each site in the last checkpointed
   /// forward: how many ops it saved and how many it left to the recompute. Empty without one.
   struct OpPolicyTally {

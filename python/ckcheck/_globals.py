@@ -64,7 +64,7 @@ class ModuleVariables:
         labels = [os.path.basename(s["__file__"]) for s in spaces]  # a file's name; its module's where two share one
         self._spaces = [(label if labels.count(label) == 1 else s.get("__name__", label), s)
                         for label, s in zip(labels, spaces)]
-        self._seen = dict(self.digests())  # the digests last looked at
+        self._seen = dict(self._digests())  # the digests last looked at
         self._written = set()  # variables the program has written since: the only ones compared
 
     def _variables(self):
@@ -87,12 +87,14 @@ class ModuleVariables:
 
     def digests(self):
         """[("FILE:NAME", digest)]: a digest changes when the variable is rebound, appended to, or a
-        tensor in it is written in place."""
-        now = [(f"{label}:{name}", _digest(value)) for label, _, name, value in self._variables()]
-        if hasattr(self, "_seen"):
-            self._written.update(k for k, d in now if self._seen.get(k) != d)
-            self._seen = dict(now)
+        tensor in it is written in place. Notes the variables written since the last look."""
+        now = self._digests()
+        self._written.update(k for k, d in now if self._seen.get(k) != d)
+        self._seen = dict(now)
         return now
+
+    def _digests(self):
+        return [(f"{label}:{name}", _digest(value)) for label, _, name, value in self._variables()]
 
     def snapshot(self):
         values = []
@@ -123,7 +125,7 @@ class ModuleVariables:
         """"FILE:LINE" of the first line inside a function that writes the variable that state entry
         `name` ("@FILE:NAME.KEY") belongs to; "" where none is found."""
         label, _, rest = name.lstrip("@").partition(":")
-        variable = re.split(r"[.]", rest, maxsplit=1)[0]
+        variable = rest.split(".", 1)[0]
         path = dict(self._spaces).get(label, {}).get("__file__")
         if not variable or not path:
             return ""

@@ -394,6 +394,22 @@ TEST(ChecksOnRecords, TimeOverTheBoundFailsAsTooFine) {
   }
 }
 
+// The runner alternates plain and checkpointed steps: a slowdown that starts midway hits both
+// steps of a pair, and the step-by-step ratio stays what checkpointing costs. The control: the
+// same steps with the checkpointed ones slower in every pair fail.
+TEST(ChecksOnRecords, OverheadComparesStepsPairByPair) {
+  for (bool slower_in_every_pair : {false, true}) {
+    HandBuiltRecords h;
+    h.records.bench_plain = measured(1000, 1.0);
+    h.records.bench_plain->step_seconds = {1.0, 1.0, 1.0, 8.0, 8.0};
+    h.records.bench_checkpointed = measured(400, 1.0);
+    const double f = slower_in_every_pair ? 9.6 : 1.2;
+    h.records.bench_checkpointed->step_seconds = {f, 9.6, 9.6, 8 * f, 8 * f};
+    const auto r = h.run(*make_check("overhead"), {{"max-overhead", 0.5}});
+    EXPECT_EQ(r.status, slower_in_every_pair ? Status::kFail : Status::kPass) << r;
+  }
+}
+
 TEST(ChecksOnRecords, MemoryAndOverheadSkipWhenNotMeasured) {
   HandBuiltRecords h;
   EXPECT_EQ(h.run(*make_check("memory")).status, Status::kSkip);

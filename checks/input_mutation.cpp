@@ -64,17 +64,19 @@ Finding changed_arguments(const CallEvidence& c) {
 }
 
 // State the site reads, changed by someone else between its forward and its recompute.
-Finding changed_state(const CallEvidence& c) {
+// `interleaved`: the step's micro-batches ran every forward before the backwards (--schedule).
+Finding changed_state(const CallEvidence& c, bool interleaved) {
   Finding f;
   f.cause = Cause::kInPlace;
   f.site = c.site;
   f.tensor = c.state_changed.front();
   f.message = fmt::format(
-      "{} changed after the site's forward and before its recompute (by the parent or a later site), and "
+      "{} changed after the site's forward and before its recompute (by the parent, a later site{}), and "
       "the recompute read the new value",
-      changed_state_names(c));
-  f.hint = "update that state after the backward, or clone what the site reads; do not checkpoint a site whose "
-           "inputs the parent changes before the backward";
+      changed_state_names(c), interleaved ? " or the next micro-batch's forward" : "");
+  f.hint = "update that state after the backward (an engine that releases a parameter brings it back before the "
+           "site's backward), or clone what the site reads; do not checkpoint a site whose state changes before "
+           "its backward";
   f.details = {{"changed", c.state_changed}, {"when", "between forward and recompute"}};
   if (!c.state_paths.empty()) f.details["shared_by"] = c.state_paths;
   return f;
@@ -118,7 +120,7 @@ class InputMutationCheck : public DeclaredCheck {
     for (const auto& c : ctx.records.checkpointed.calls) {
       if (c.state_changed.empty() || !recompute_differs(c) || seen.count({c.site, SIZE_MAX})) continue;
       seen.insert({c.site, SIZE_MAX});
-      add_finding(r, changed_state(c));
+      add_finding(r, changed_state(c, ctx.config.schedule != Schedule::kSequential));
     }
     if (!r.findings.empty()) {
       r.status = Status::kFail;

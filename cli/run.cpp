@@ -69,6 +69,13 @@ OptionTable<RunOptions> shared_run_rows() {
 
 }  // namespace
 
+constexpr const char* kScheduleHelp =
+    "the order of the micro-batches in a step, plain and checkpointed alike: sequential (each forward, then its "
+    "backward), interleaved (every forward, then the backwards in the same order, as pipeline schedules and "
+    "multi-forward losses run them) or reversed (the backwards last to first); other than sequential, 2 micro-batches "
+    "unless --accumulate says more. A recompute then runs after the next micro-batch's forward: state that forward "
+    "changes is read again";
+
 const OptionTable<RunOptions>& run_option_table() {
   static const OptionTable<RunOptions> table = [] {
     std::vector<std::string> ids;
@@ -109,6 +116,9 @@ const OptionTable<RunOptions>& run_option_table() {
                     &RunOptions::config, &RunConfig::accumulate)
                     .check(whole_number(1, 64))
                     .config("accumulate"));
+    t.push_back(Row("--schedule", kScheduleHelp, &RunOptions::schedule)
+                    .check(CLI::IsMember({"sequential", "interleaved", "reversed"}))
+                    .config("schedule"));
     return t;
   }();
   return table;
@@ -149,6 +159,8 @@ RunConfig run_config(const RunOptions& o) {
   c.checkpoint.check_input_versions = !o.no_check_inputs;
   c.checkpoint.restore_buffers = o.restore_buffers;
   c.checkpoint.recompute_fp32 = o.recompute_fp32;
+  c.schedule = parse_schedule(o.schedule);
+  if (c.schedule != Schedule::kSequential) c.accumulate = std::max<int64_t>(c.accumulate, 2);
   return c;
 }
 
@@ -276,6 +288,7 @@ nlohmann::json run_report_config(const RunOptions& o, const Plan& plan, const Ru
             {"policy", plan.policy.text()},
             {"device", config.device.str()},
             {"amp", amp_name(config.amp)},
+            {"accumulate", config.accumulate},  // the micro-batches run (a schedule runs at least 2)
             {"tolerance", tolerance.text()},
             {"preserve_rng_state", config.checkpoint.preserve_rng_state},
             {"restore_autocast", config.checkpoint.restore_autocast},
@@ -302,15 +315,28 @@ RunOptions default_run_options() {
   return o;
 }
 
+// What the options add to a run, which the checks that apply only then look for.
+Situation situation_of(const RunOptions& o) {
+  Situation situation;
+  situation.bench = o.bench;
+  situation.accumulation = o.config.accumulate > 1 || o.schedule != "sequential";
+  situation.compile = o.model.compile;
+  situation.offload = o.model.offload != "off";
+  return situation;
+}
+
+// Micro-batches (--accumulate, or a --schedule's) run in one process.
+void refuse_ranks_with_micro_batches(const RunOptions& o, const RunConfig& config, bool ranked) {
+  if (config.accumulate > 1 && (o.world_size > 1 || ranked)) {
+    throw UsageError(fmt::format("--{} runs in one process; drop --world-size (or torchrun) for it",
+                                 o.config.accumulate > 1 ? "accumulate" : "schedule"));
+  }
+}
+
 std::optional<RunSetup> set_up_run(const RunOptions& o, int& status) {
   RunSetup r;
   r.tolerance = Tolerance::parse(o.tolerance);
-  Situation situation;
-  situation.bench = o.bench;
-  situation.accumulation = o.config.accumulate > 1;
-  situation.compile = o.model.compile;
-  situation.offload = o.model.offload != "off";
-  r.checks = select_checks(split_list(o.checks), situation);
+  r.checks = select_checks(split_list(o.checks), situation_of(o));
   // Data-parallel: start the ranks here, or be one of them.
   r.env = rank_environment();
   const auto& env = r.env;
@@ -330,9 +356,7 @@ std::optional<RunSetup> set_up_run(const RunOptions& o, int& status) {
   r.plan = Plan::make(*r.model, split_list(o.model.sites), Policy::parse(o.model.policy));
   r.config = run_config(o);
   fit_to_checkpoint(r.config, r.checkpoint);
-  if (o.config.accumulate > 1 && (o.world_size > 1 || env)) {
-    throw UsageError("--accumulate runs in one process; drop --world-size (or torchrun) for it");
-  }
+  refuse_ranks_with_micro_batches(o, r.config, env.has_value());
   if (!env && o.world_size > 1) {
     status = launch(o, *r.model, r.config);
     return std::nullopt;

@@ -36,6 +36,8 @@ struct RunOptions {
   /// The RunConfig fields an option sets as they are (--lr, --accumulate); run_config adds the
   /// model's and the protections'.
   RunConfig config;
+  /// --schedule: the order of the micro-batches' forwards and backwards (parse_schedule).
+  std::string schedule = "sequential";
   bool diagnose = false;
   bool bench = false;
   int world_size = 1;

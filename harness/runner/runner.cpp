@@ -35,6 +35,19 @@ Amp parse_amp(const std::string& text) {
   throw FieldError("amp", fmt::format("unknown @amp '{}'; valid: off, bf16, fp16", text));
 }
 
+const char* schedule_name(Schedule schedule) {
+  static constexpr EnumName<Schedule> kNames[] = {
+      {Schedule::kSequential, "sequential"}, {Schedule::kInterleaved, "interleaved"}, {Schedule::kReversed, "reversed"}};
+  return name_in(kNames, schedule);
+}
+
+Schedule parse_schedule(const std::string& text) {
+  for (auto s : {Schedule::kSequential, Schedule::kInterleaved, Schedule::kReversed}) {
+    if (text == schedule_name(s)) return s;
+  }
+  throw FieldError("schedule", fmt::format("unknown @schedule '{}'; valid: sequential, interleaved, reversed", text));
+}
+
 const TensorRecord* StepRecord::find(const std::string& name, const std::string& kind,
                                      int64_t step) const {
   for (const auto& t : tensors) {
@@ -240,9 +253,10 @@ class EvidenceObserver : public CheckpointObserver {
   std::map<int64_t, RngState> rng_after_forward_;
   Model* model_;
   const Plan* plan_;
-  // Each state tensor's identity and version; a scalar attribute (a fresh 0-d tensor each time)
-  // by its value instead.
-  using Mark = std::pair<const void*, int64_t>;
+  // Each state tensor's identity, version and storage (an engine that swaps a parameter's .data
+  // keeps the tensor and its version); a scalar attribute (a fresh 0-d tensor each time) by its
+  // value instead.
+  using Mark = std::tuple<const void*, int64_t, const void*>;
   std::map<int64_t, std::map<std::string, Mark>> state_at_forward_;
 
   // The sites of the unit a checkpoint call stands for, from the plan.
@@ -272,13 +286,14 @@ class EvidenceObserver : public CheckpointObserver {
     auto mark = [&](const std::string& name, const Tensor& t) {
       const auto kind = model_->state_kind_of(name);
       if (!t.defined()) {
-        marks[name] = {nullptr, -1};
+        marks[name] = {nullptr, -1, nullptr};
       } else if (kind == state_kind::kScalarAttribute || kind == state_kind::kMode || kind == state_kind::kExtra) {
         // Made afresh by each state_tensors() call (a number's 0-d tensor, a generator's state):
         // compared by content.
-        marks[name] = {nullptr, static_cast<int64_t>(fingerprint(t))};
+        marks[name] = {nullptr, static_cast<int64_t>(fingerprint(t)), nullptr};
       } else {
-        marks[name] = {t.unsafeGetTensorImpl(), static_cast<int64_t>(t._version())};
+        marks[name] = {t.unsafeGetTensorImpl(), static_cast<int64_t>(t._version()),
+                       t.has_storage() ? t.storage().data() : nullptr};
       }
     };
     for (const auto& [name, t] : model_->unit_state(sites)) mark(name, t);
@@ -765,7 +780,15 @@ class StepRun {
     observer_.step = step;
     for (const auto& [name, p] : params_) p.mutable_grad() = Tensor();
     const auto versions = parameter_versions(params_);
-    for (int64_t mb = 1; mb <= config_.accumulate; ++mb) run_micro_batch(inputs, step, mb);
+    if (config_.schedule == Schedule::kSequential) {
+      for (int64_t mb = 1; mb <= config_.accumulate; ++mb) backward(forward(inputs, step, mb));
+    } else {
+      // Every forward first, each micro-batch's graph held until its backward.
+      std::vector<MicroBatch> pending;
+      for (int64_t mb = 1; mb <= config_.accumulate; ++mb) pending.push_back(forward(inputs, step, mb));
+      if (config_.schedule == Schedule::kReversed) std::reverse(pending.begin(), pending.end());
+      for (size_t k = 0; k < pending.size(); ++k) backward(std::move(pending[k]), k + 1 < pending.size());
+    }
     part_.end_step(params_);
     observer_.flush();
     record_gradients_and_state(record_, model_, params_, input_grads_, step, versions);
@@ -773,7 +796,14 @@ class StepRun {
     if (step < config_.steps) sgd_update(params_, learning_rate());
   }
 
-  void run_micro_batch(const std::vector<Tensor>& inputs, int64_t step, int64_t mb) {
+  // A micro-batch whose forward ran: its inputs and what its backward starts from.
+  struct MicroBatch {
+    std::vector<Tensor> xs;
+    Upstream up;
+    int64_t step = 1, mb = 1;
+  };
+
+  MicroBatch forward(const std::vector<Tensor>& inputs, int64_t step, int64_t mb) {
     if (tp_) tp_->set_phase(Phase::kForward);
     const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1),
                                 config_.input_requires_grad, config_.compute_dtype);
@@ -787,20 +817,27 @@ class StepRun {
     if (plant_) add_planted_terms(up, *plant_);
     record_outputs(record_, outs, up.loss, step, mb);
     if (step == 1 && mb == 1) record_.output_structure = model_.output_structure();
-    if (tp_) tp_->set_phase(Phase::kBackward);
-    backward(up, step, mb);
-    keep_input_grads(input_grads_, xs, step, mb);
-    if (mb < config_.accumulate) record_partial_grads(record_, params_, step, mb);
+    return {xs, std::move(up), step, mb};
   }
 
-  void backward(const Upstream& up, int64_t step, int64_t mb) {
+  // The micro-batch's backward; `partial`: more backwards follow in this step (under a schedule
+  // other than sequential, the later ones in the order they run).
+  void backward(MicroBatch m) {
+    const bool partial = m.mb < config_.accumulate;
+    backward(std::move(m), partial);
+  }
+
+  void backward(MicroBatch m, bool partial) {
+    if (tp_) tp_->set_phase(Phase::kBackward);
     ParameterHooks hooks(params_, part_, options_.count_hooks);
     quiet_.reset();
     if (plant_) plant_->set_backward(true);
-    if (!up.roots.empty()) torch::autograd::backward(up.roots, up.grads);
+    if (!m.up.roots.empty()) torch::autograd::backward(m.up.roots, m.up.grads);
     if (plant_) plant_->set_backward(false);
     quiet_.emplace();
-    hooks.record(record_, step, mb, part_);
+    hooks.record(record_, m.step, m.mb, part_);
+    keep_input_grads(input_grads_, m.xs, m.step, m.mb);
+    if (partial) record_partial_grads(record_, params_, m.step, m.mb);
   }
 
   Model& model_;
@@ -1062,6 +1099,20 @@ void append_measurement(Measurement& m, Measurement more) {
 
 }  // namespace
 
+// Plain and checkpointed steps alternate, so a machine that slows down meanwhile slows both.
+void Runner::bench_alternating(const Plan& plan, RunRecords& r) {
+  r.bench_plain.emplace();
+  r.bench_checkpointed.emplace();
+  for (int64_t i = 0; i < kBenchSteps; ++i) {
+    const int64_t warmup = i == 0 ? kBenchWarmup : 0;
+    append_measurement(*r.bench_plain,
+                       timed_phase(r.cpu_seconds, "bench, plain", [&] { return measure(nullptr, warmup, 1); }));
+    append_measurement(*r.bench_checkpointed,
+                       timed_phase(r.cpu_seconds, "bench, checkpointed", [&] { return measure(&plan, warmup, 1); }));
+    if (!r.bench_plain->error.empty() || !r.bench_checkpointed->error.empty()) break;
+  }
+}
+
 RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   RunRecords r;
   auto run_timed = [&](const Plan* p, const StepOptions& o, const std::string& label) {
@@ -1114,19 +1165,7 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
       r.probes.emplace();
     }
   }
-  if (needs.bench) {
-    // Plain and checkpointed steps alternate, so a machine that slows down meanwhile slows both.
-    r.bench_plain.emplace();
-    r.bench_checkpointed.emplace();
-    for (int64_t i = 0; i < kBenchSteps; ++i) {
-      const int64_t warmup = i == 0 ? kBenchWarmup : 0;
-      append_measurement(*r.bench_plain,
-                         timed_phase(r.cpu_seconds, "bench, plain", [&] { return measure(nullptr, warmup, 1); }));
-      append_measurement(*r.bench_checkpointed,
-                         timed_phase(r.cpu_seconds, "bench, checkpointed", [&] { return measure(&plan, warmup, 1); }));
-      if (!r.bench_plain->error.empty() || !r.bench_checkpointed->error.empty()) break;
-    }
-  }
+  if (needs.bench) bench_alternating(plan, r);
   if (r.compiled) r.compiled = model_.compiled_steps();  // with what compiling the later steps added
   return r;
 }

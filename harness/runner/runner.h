@@ -27,6 +27,14 @@ const char* amp_name(Amp amp);
 /// Parses off, bf16 or fp16; throws UsageError otherwise.
 Amp parse_amp(const std::string& text);
 
+/// The order of a step's micro-batches: each forward followed by its backward (sequential), or
+/// every forward first and then the backwards in the same order (interleaved) or the reverse
+/// (reversed), as pipeline schedules and multi-forward losses run them.
+enum class Schedule { kSequential, kInterleaved, kReversed };
+const char* schedule_name(Schedule schedule);
+/// Parses sequential, interleaved or reversed; throws UsageError otherwise.
+Schedule parse_schedule(const std::string& text);
+
 /// The checkpoint's protections in a run, in one place: what every checkpointed unit's
 /// CheckpointOptions say (switched off only to prove that the checks catch the hazards they guard
 /// against).
@@ -53,6 +61,8 @@ struct RunConfig {
   /// Gradient accumulation: each step runs this many micro-batches (inputs of seeds seed,
   /// seed+1, ...), each with its forward and backward, their gradients summed before the update.
   int64_t accumulate = 1;
+  /// The order the micro-batches' forwards and backwards run in (the plain and checkpointed steps alike).
+  Schedule schedule = Schedule::kSequential;
   /// Make every floating-point input require grad (--input-requires-grad). Off by default: the
   /// inputs keep the requires_grad their model gave them, as in the user's training step, where a
   /// batch never requires grad -- a checkpoint that works only because its input requires grad
@@ -343,6 +353,8 @@ class Runner {
 
   /// The reference and checkpointed steps plus whatever `needs` asks for.
   RunRecords run_all(const Plan& plan, const Needs& needs);
+  /// run --bench: plain and checkpointed steps measured in turn, into r.bench_plain and r.bench_checkpointed.
+  void bench_alternating(const Plan& plan, RunRecords& r);
 
   /// Repeats each checkpointed unit on its forward inputs (see UnitProbe), step by step, in the
   /// grad mode the checkpoint under test runs its forward in (`no_grad`: a reentrant checkpoint),

@@ -33,7 +33,7 @@ from ckcheck import _float64, _parallel
 from ckcheck._globals import ModuleVariables, own_namespaces
 from ckcheck._core import CheckpointKind as Kind, ParallelKind as Parallel
 from ckcheck._state import (_SCALARS, _GeneratorState, _container_contents, _copy_value, _fingerprint,
-                            _flatten_attr, _generator_state, _held_digest, _host_generator,
+                            _flatten_attr, _flatten_closure, _generator_state, _put_back_into, _held_digest, _host_generator,
                             _is_state_value, _kept_in, _plain_scalar, _put_back_contents, _scalar_tensor,
                             _state_digest)
 from ckcheck._base import (SetupError, UsageError, _apply_loss, _failure, _first_line,  # noqa: F401
@@ -301,6 +301,7 @@ def load(spec, seed: int, input_opts: dict, checkpoint: str, mode: str, compile_
     adapter = ModelAdapter(name, module, args, kwargs, loss, switch, checkpoint, reason, compile_opts, context_fn,
                            (offload_fn, "the factory's offload" if extras["offload"] else "ckcheck's copy to the CPU"),
                            factory=factory)
+    adapter.first_seed = seed
     _join_engine(adapter, module, parallel, policy_opts, ddp_options, fsdp_options)
     return adapter
 
@@ -1183,10 +1184,22 @@ class ModelAdapter:
         return ""
 
     # -- steps ----------------------------------------------------------------------------------
+    first_seed = 0  # the run's seed: make_inputs(first_seed) is the factory's batch itself
+
     def make_inputs(self, seed):
-        """The inputs as the model gets them: copies that require grad where the factory's did."""
-        return [self._in_leaves[i].detach().clone().requires_grad_(self._in_leaves[i].requires_grad)
-                for i in self._in_idx]
+        """The inputs as the model gets them: copies that require grad where the factory's did.
+        Another micro-batch (seed past the run's) holds the same samples in another order: each
+        input rolled by that many places along its first dimension, where that is longer than one,
+        so that state a forward fills from its batch differs from micro-batch to micro-batch while
+        every value stays one the model was given (token ids, masks and labels stay in step)."""
+        shift = seed - self.first_seed
+        out = []
+        for i in self._in_idx:
+            t = self._in_leaves[i].detach().clone()
+            if shift and t.dim() > 0 and t.shape[0] > 1:
+                t = t.roll(shift, 0)
+            out.append(t.requires_grad_(self._in_leaves[i].requires_grad))
+        return out
 
     def arguments(self, tensors):
         """(args, kwargs) of the model's call with `tensors` in place of its input tensors."""
@@ -1387,6 +1400,7 @@ class ModelAdapter:
         for path, m in modules:
             for key, full in self._state_attributes(path, m):
                 _flatten_attr("@" + full, getattr(m, key), out)
+            _flatten_closure("@" + (path or type(m).__name__), m, out)
             out.append(("@" + (f"{path}.training" if path else "training"), _scalar_tensor(bool(m.training)), "mode"))
         return out
 
@@ -1455,15 +1469,20 @@ class ModelAdapter:
         with torch.no_grad():
             params = {n: p.detach().clone() for n, p in self.module.named_parameters()}
             buffers = {n: b.detach().clone() for n, b in self.module.named_buffers()}
-        attrs = {full: (m, key, _copy_value(getattr(m, key))) for path, m, key, full in self._attributes()}
+        # A container keeps the model's own parameters and buffers, not copies; a tensor, dict or
+        # list attribute is put back into the object the model held (_put_back_into).
+        keep = {id(t): t for t in itertools.chain(self.module.parameters(), self.module.buffers())}
+        attrs = {full: (m, key, _copy_value(getattr(m, key), keep)) for path, m, key, full in self._attributes()}
+        held = {full: getattr(m, key) for full, (m, key, value) in attrs.items()
+                if isinstance(value, (torch.Tensor, dict, list))}
         modes = {path: m.training for path, m in self.module.named_modules()}
         # Taken inside a call (the determinism probe runs a unit again from here): the lists, dicts
         # and objects the calls under way were handed are state too (a cache a block appends to).
         handed = _container_contents(c for _, _, kept in self._handed() for c in kept)
-        return params, buffers, attrs, modes, _host_generators(), handed, self._globals.snapshot()
+        return params, buffers, (attrs, held, keep), modes, _host_generators(), handed, self._globals.snapshot()
 
     def restore(self, snap):
-        params, buffers, attrs, modes, host, handed, variables = snap
+        params, buffers, (attrs, held, keep), modes, host, handed, variables = snap
         _set_host_generators(host)
         _put_back_contents(handed)
         self._globals.restore(variables)
@@ -1478,8 +1497,10 @@ class ModelAdapter:
         for full, (m, key, value) in attrs.items():
             if isinstance(value, _GeneratorState):
                 value.put_back(getattr(m, key))
+            elif full in held and _put_back_into(held[full], value, keep):
+                setattr(m, key, held[full])
             elif not _plain_scalar(value) or getattr(m, key, _ABSENT) is not value:
-                setattr(m, key, _copy_value(value))
+                setattr(m, key, _copy_value(value, keep))
         for path, m in self.module.named_modules():
             if path in modes:
                 m.training = modes[path]

@@ -156,14 +156,40 @@ def _is_state_value(value, depth=0):
     return False
 
 
-def _copy_value(value):
+def _copy_value(value, keep=None):
+    """A copy of a state value; `keep` ({id: object}): objects a container holds that the copy
+    holds too rather than copies of (the model's parameters and buffers)."""
     if _plain_scalar(value):  # immutable: the value itself
         return value
     if _is_generator(value):
         return _GeneratorState(value)
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
-    return copy.deepcopy(value)
+    return copy.deepcopy(value, dict(keep or {}))
+
+
+def _put_back_into(held, value, keep):
+    """`held` (the tensor, dict or list the model held) made to hold `value` again in place, so that
+    what else holds it (a block given the parent's workspace, a closure) sees the model's own;
+    False where it cannot (another shape or type, a tensor that cannot be written)."""
+    if isinstance(held, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or (held.shape, held.dtype, held.device) != (
+                value.shape, value.dtype, value.device):
+            return False
+        try:
+            with torch.no_grad():
+                held.copy_(value)
+        except RuntimeError:  # an inference tensor, a view that cannot be written
+            return False
+        return True
+    if type(held) is not type(value) or not isinstance(held, (dict, list)):
+        return False
+    if isinstance(held, dict):
+        held.clear()
+        held.update(_copy_value(value, keep))
+    else:
+        held[:] = _copy_value(value, keep)
+    return True
 
 
 def _fingerprint(value):
@@ -229,3 +255,27 @@ def _flatten_attr(name, value, out):
     elif isinstance(value, dict):
         for k, v in value.items():
             _flatten_attr(f"{name}.{k}", v, out)
+
+
+_CLOSURE_ITEMS_MAX = 64  # a cell holding a bigger container is data, not state a forward reads
+
+
+def _flatten_closure(name, module, out):
+    """The tensors and numbers `module`'s forward reaches through its closure cells (a weight an
+    inner class of a factory reads, an adapter the model points it at), as _flatten_attr lists
+    them, named NAME.forward:VAR (and .KEY below a container)."""
+    for f in (vars(module).get("forward"), getattr(type(module), "forward", None)):
+        f = getattr(f, "__func__", f)
+        cells, code = getattr(f, "__closure__", None), getattr(f, "__code__", None)
+        if not cells or code is None:
+            continue
+        for var, cell in zip(code.co_freevars, cells):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # a cell not filled yet
+                continue
+            if isinstance(value, (tuple, list, dict)) and len(value) > _CLOSURE_ITEMS_MAX:
+                continue
+            if isinstance(value, (torch.Tensor, tuple, list, dict)):
+                _flatten_attr(f"{name}.forward:{var}", value, out)
+

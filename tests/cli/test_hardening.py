@@ -148,6 +148,9 @@ for v in ["0", "-1", "nan", "inf", "abc"]:
 for v in ["0", "-1", "65", "abc", "", "1.5"]:
     row(base + ["--accumulate", v], r"--accumulate.*" + WHOLE)
 row(base + ["--accumulate", "2", "--world-size", "2"], r"--accumulate runs in one process")
+for v in ["", "Interleaved", "1f1b", LONG]:
+    row(base + ["--schedule", v], r"--schedule")
+row(base + ["--schedule", "interleaved", "--world-size", "2"], r"--schedule runs in one process")
 for v in ["", "Torch", "reentrant", "torch,model"]:
     row(base + ["--checkpoint", v], r"--checkpoint")
 row(base + ["--checkpoint", "torch"], r"--checkpoint torch applies to Python models")

@@ -1,0 +1,82 @@
+"""State a checkpointed block reads besides its arguments and saved tensors, changed before its
+recompute: a ctx-kept workspace the next micro-batch refills, a closure cell pointed at the next
+micro-batch's adapter, a frozen parameter an engine empties after the forward. Truth comes from
+PyTorch alone: the same micro-batches through torch.utils.checkpoint and plainly, in the same
+order (every forward, then the backwards); each case has a twin that leaves the state as it was."""
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from conftest import fixture, fixture_module
+
+FILE = "unsaved_state.py"
+
+# (the case, its twin, what ckcheck must name as changed before the recompute)
+CASES = [
+    ("ctx_buffer", "ctx_buffer_same", "blocks.0.workspace"),
+    ("closure_weight", "closure_one", "blocks.0.forward:current.weight"),
+    ("frozen_released", "frozen_gathered", "blocks.0.base"),
+]
+
+
+def pytorch_gradients(name, checkpointed, interleaved):
+    """Parameter gradients of two micro-batches (the factory's batch and the same samples rolled by
+    one), each block under torch.utils.checkpoint (non-reentrant) or plain."""
+    torch.manual_seed(0)
+    model, x = getattr(fixture_module(FILE), name)()
+    if checkpointed:
+        for block in model.blocks:
+            block.forward = (lambda *a, f=block.forward: checkpoint(f, *a, use_reentrant=False))
+    batches = [x, x.roll(1, 0)]
+    if interleaved:
+        outs = [model(b) for b in batches]
+        for out in outs:
+            out.sum().backward()
+    else:
+        for b in batches:
+            model(b).sum().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def pytorch_differs(name, interleaved):
+    plain = pytorch_gradients(name, False, interleaved)
+    ckpt = pytorch_gradients(name, True, interleaved)
+    return plain.keys() != ckpt.keys() or any(not torch.equal(plain[n], ckpt[n]) for n in plain)
+
+
+@pytest.mark.parametrize("case,twin,changed", CASES)
+def test_state_changed_before_the_recompute_is_named_under_the_interleaved_schedule(ckcheck, case, twin, changed):
+    assert pytorch_differs(case, interleaved=True)
+    r = ckcheck("run", "--model", fixture(f"{FILE}:{case}"), "--schedule", "interleaved")
+    assert r.code == 1, r.out + r.err
+    assert r.check("gradients")["status"] == "fail", r.check("gradients")
+    found = r.check("input-mutation")
+    assert found["status"] == "fail", found
+    named = {f["tensor"]: f["cause"] for f in found["findings"]}
+    assert named.get(changed) == "in-place", found
+    assert "next micro-batch" in found["findings"][0]["message"]
+    assert "--schedule interleaved" in r.report["reproduce"]
+
+
+@pytest.mark.parametrize("case,twin,changed", CASES)
+def test_the_twin_that_keeps_the_state_passes(ckcheck, case, twin, changed):
+    assert not pytorch_differs(twin, interleaved=True)
+    r = ckcheck("run", "--model", fixture(f"{FILE}:{twin}"), "--schedule", "interleaved")
+    assert r.code == 0, r.out + r.err
+    assert r.check("input-mutation")["status"] == "pass", r.check("input-mutation")
+
+
+@pytest.mark.parametrize("case", ["ctx_buffer", "closure_weight"])
+def test_the_sequential_schedule_cannot_show_what_the_next_forward_changes(ckcheck, case):
+    # PyTorch agrees: each recompute runs before the next micro-batch's forward.
+    assert not pytorch_differs(case, interleaved=False)
+    r = ckcheck("run", "--model", fixture(f"{FILE}:{case}"), "--accumulate", "2")
+    assert r.code == 0, r.out + r.err
+
+
+def test_a_parameter_emptied_after_the_forward_is_found_in_any_schedule(ckcheck):
+    assert pytorch_differs("frozen_released", interleaved=False)
+    r = ckcheck("run", "--model", fixture(f"{FILE}:frozen_released"))
+    assert r.code == 1, r.out + r.err
+    assert "blocks.0.base" in {f["tensor"] for f in r.check("input-mutation")["findings"]}

@@ -555,6 +555,26 @@ void warn_not_effective(BenchResult& r, const std::vector<Point>& measured, Poin
       format_bytes(parts[1].first)));
 }
 
+// A compiler's memory budget (budget:F) promises a peak that falls as F falls; a partitioner
+// that keeps more at a smaller budget (pytorch/pytorch#197838) is named, beyond the resolution.
+void warn_budget_not_monotone(BenchResult& r, const std::vector<Point>& measured) {
+  std::vector<std::pair<double, Point>> budgets;
+  for (const auto* p : measured) {
+    if (p->policy.rfind("budget:", 0) == 0) budgets.emplace_back(std::strtod(p->policy.c_str() + 7, nullptr), p);
+  }
+  std::sort(budgets.begin(), budgets.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  const MemoryScale memory(measured);
+  for (size_t i = 1; i < budgets.size(); ++i) {
+    const auto* smaller = budgets[i].second;
+    const auto* larger = budgets[i - 1].second;
+    if (!memory.less(larger, smaller)) continue;
+    r.warnings.push_back(fmt::format(
+        "{} peaks at {}, above {} ({}): the compiler's partitioner keeps more as its memory budget falls here; "
+        "choose the budget by what this table measures, not by its number",
+        smaller->policy, format_bytes(total_bytes(smaller)), larger->policy, format_bytes(total_bytes(larger))));
+  }
+}
+
 // The names of the points in `tied` other than `chosen`, for "time could not separate ..." notes.
 std::string others(const std::vector<Point>& tied, Point chosen) {
   std::vector<std::string> names;
@@ -686,6 +706,7 @@ void recommend(BenchResult& r) {
   }
   if (!r.too_noisy) warn_too_fine(r, measured);
   warn_not_effective(r, measured, none);
+  warn_budget_not_monotone(r, measured);
   // One policy stands for each memory class: in the order of how much they recompute (known from
   // the plans), a policy whose peak is within the resolution of one already standing is not ranked.
   const MemoryScale memory(measured);

@@ -133,6 +133,25 @@ TEST(Recommend, WarnsWhenTooFineAndWhenNotEffective) {
   EXPECT_NE(flat.warnings.back().find("Adam"), std::string::npos) << flat.warnings.back();
 }
 
+// A smaller compiler budget that keeps more is named; the control: peaks that fall with the budget.
+TEST(Recommend, WarnsWhenASmallerBudgetPeaksHigher) {
+  for (bool monotone : {true, false}) {
+    auto r = result({point("none", 1.0, 10000), point("budget:1", 1.0, 9000), point("budget:0.5", 1.1, 6000),
+                     point("budget:0.25", 1.2, monotone ? 4000 : 8000), point("budget:0", 1.3, 3000)});
+    recommend(r);
+    std::string warned;
+    for (const auto& w : r.warnings) {
+      if (w.find("memory budget falls") != std::string::npos) warned += w;
+    }
+    if (monotone) {
+      EXPECT_EQ(warned, "");
+    } else {
+      EXPECT_NE(warned.find("budget:0.25 peaks at"), std::string::npos) << warned;
+      EXPECT_NE(warned.find("above budget:0.5"), std::string::npos) << warned;
+    }
+  }
+}
+
 TEST(Recommend, TimesWithinTheNoiseAreDecidedOnMemory) {
   // every:2 looks 2% faster than sites:x, within the resolution: the smaller one wins, and the
   // reason says time did not separate them.

@@ -107,6 +107,10 @@ RunOutcome run_checks(Runner& runner, const Plan& plan, const Tolerance& toleran
   // Under --tolerance auto a step's tensors are compared bitwise, then against the plain step's noise.
   const Tolerance step_tolerance = tolerance.automatic() ? Tolerance{} : tolerance;
   out.diffs = compare_records(out.records.reference, out.records.checkpointed, step_tolerance);
+  if (out.records.interleaved_reference && out.records.interleaved_checkpointed) {
+    out.records.interleaved_diffs =
+        compare_records(*out.records.interleaved_reference, *out.records.interleaved_checkpointed, step_tolerance);
+  }
   // When the checkpointed step differs, is the plain step itself repeatable? If two plain steps
   // from the same restored state differ, checkpointing is not to blame. (One process only: ranks
   // would have to repeat in lockstep.)

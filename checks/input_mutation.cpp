@@ -71,9 +71,9 @@ Finding changed_state(const CallEvidence& c, bool interleaved) {
   f.site = c.site;
   f.tensor = c.state_changed.front();
   f.message = fmt::format(
-      "{} changed after the site's forward and before its recompute (by the parent, a later site{}), and "
-      "the recompute read the new value",
-      changed_state_names(c), interleaved ? " or the next micro-batch's forward" : "");
+      "{} changed after the site's forward and before its recompute (by the parent{}), and the recompute read "
+      "the new value",
+      changed_state_names(c), interleaved ? ", a later site or the next micro-batch's forward" : " or a later site");
   f.hint = "update that state after the backward (an engine that releases a parameter brings it back before the "
            "site's backward), or clone what the site reads; do not checkpoint a site whose state changes before "
            "its backward";

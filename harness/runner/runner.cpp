@@ -98,7 +98,17 @@ class EvidenceObserver : public CheckpointObserver {
       : record_(record), evidence_(evidence), tracer_(tracer), model_(model), plan_(plan) {}
 
   int64_t step = 1;
+  bool watch_rewrites = false;  // StepOptions::watch_rewrites
   OpTracer* tracer() const { return tracer_; }
+
+  // The model's forward of a micro-batch begins: the state every unit reads, marked, so that each
+  // call's forward can tell what the forward wrote before it (CallEvidence::state_rewritten).
+  void model_forward_begins() {
+    if (!evidence_ || !watch_rewrites || !plan_) return;
+    std::vector<std::string> sites;
+    for (const auto& unit : plan_->units) sites.insert(sites.end(), unit.begin(), unit.end());
+    step_marks_ = state_marks(sites);
+  }
 
   void forward_begin(const CheckpointCall& c, const std::vector<Tensor>& inputs) override {
     at::DisableRecordFunctionGuard quiet;  // the evidence work is not the step's
@@ -114,6 +124,7 @@ class EvidenceObserver : public CheckpointObserver {
     for (const auto& x : inputs) e.inputs_require_grad = e.inputs_require_grad || (x.defined() && x.requires_grad());
     for (const auto& x : inputs) entry_prints_[c.id].push_back(fingerprint(x));
     if (model_) variables_before_[c.id] = model_->module_variables();
+    if (watch_rewrites && !step_marks_.empty()) note_rewrites(e);
     rng_before_[c.id] = RngState::capture();
     draw_watches_[c.id] = std::make_unique<DrawWatch>(e.forward_draws);
   }
@@ -258,6 +269,16 @@ class EvidenceObserver : public CheckpointObserver {
   // value instead.
   using Mark = std::tuple<const void*, int64_t, const void*>;
   std::map<int64_t, std::map<std::string, Mark>> state_at_forward_;
+
+  std::map<std::string, Mark> step_marks_;  // the units' state as the model's forward began
+
+  // The state the call's unit reads that changed since the model's forward began.
+  void note_rewrites(CallEvidence& e) const {
+    for (const auto& [name, mark] : state_marks(sites_of_unit(e.site))) {
+      const auto it = step_marks_.find(name);
+      if (it != step_marks_.end() && it->second != mark) e.state_rewritten.push_back(state_display_name(name));
+    }
+  }
 
   // The sites of the unit a checkpoint call stands for, from the plan.
   std::vector<std::string> sites_of_unit(const std::string& label) const {
@@ -756,7 +777,9 @@ class StepRun {
           EvidenceObserver& observer)
       : model_(model), config_(config), options_(options), record_(record), sites_(sites), observer_(observer),
         part_(participant_of(config, options)), tp_(observer.tracer()), plant_(config.plant.get()),
-        autocast_(autocast_for(options.amp.value_or(config.amp), config.device)) {}
+        autocast_(autocast_for(options.amp.value_or(config.amp), config.device)),
+        schedule_(options.schedule.value_or(config.schedule)),
+        micro_batches_(schedule_ == Schedule::kSequential ? config.accumulate : std::max<int64_t>(config.accumulate, 2)) {}
 
   void run(const ModelState& start) {
     quiet_.emplace();
@@ -780,13 +803,13 @@ class StepRun {
     observer_.step = step;
     for (const auto& [name, p] : params_) p.mutable_grad() = Tensor();
     const auto versions = parameter_versions(params_);
-    if (config_.schedule == Schedule::kSequential) {
-      for (int64_t mb = 1; mb <= config_.accumulate; ++mb) backward(forward(inputs, step, mb));
+    if (schedule_ == Schedule::kSequential) {
+      for (int64_t mb = 1; mb <= micro_batches_; ++mb) backward(forward(inputs, step, mb));
     } else {
       // Every forward first, each micro-batch's graph held until its backward.
       std::vector<MicroBatch> pending;
-      for (int64_t mb = 1; mb <= config_.accumulate; ++mb) pending.push_back(forward(inputs, step, mb));
-      if (config_.schedule == Schedule::kReversed) std::reverse(pending.begin(), pending.end());
+      for (int64_t mb = 1; mb <= micro_batches_; ++mb) pending.push_back(forward(inputs, step, mb));
+      if (schedule_ == Schedule::kReversed) std::reverse(pending.begin(), pending.end());
       for (size_t k = 0; k < pending.size(); ++k) backward(std::move(pending[k]), k + 1 < pending.size());
     }
     part_.end_step(params_);
@@ -808,6 +831,7 @@ class StepRun {
     const auto xs = leaf_inputs(mb == 1 ? inputs : model_.make_inputs(config_.seed + mb - 1),
                                 config_.input_requires_grad, config_.compute_dtype);
     const auto rng_before = RngState::capture();
+    observer_.model_forward_begins();
     quiet_.reset();
     const auto outs = forward_under(autocast_, model_, xs, sites_);
     quiet_.emplace();
@@ -823,7 +847,7 @@ class StepRun {
   // The micro-batch's backward; `partial`: more backwards follow in this step (under a schedule
   // other than sequential, the later ones in the order they run).
   void backward(MicroBatch m) {
-    const bool partial = m.mb < config_.accumulate;
+    const bool partial = m.mb < micro_batches_;
     backward(std::move(m), partial);
   }
 
@@ -850,6 +874,8 @@ class StepRun {
   OpTracer* tp_;
   Plant* plant_;
   const std::optional<AutocastState> autocast_;
+  const Schedule schedule_;
+  const int64_t micro_batches_;
   std::optional<at::DisableRecordFunctionGuard> quiet_;
   NamedTensors params_;
   std::vector<TensorRecord> input_grads_;
@@ -876,6 +902,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   }
   OpTracer* tp = tracer ? &*tracer : nullptr;
   auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_, plan);
+  observer->watch_rewrites = options.watch_rewrites;
   auto base = checkpoint_options(config_, options);
   if (plan && (options.evidence || tp)) base.observer(observer);
   Plant* plant = config_.plant.get();
@@ -1099,6 +1126,24 @@ void append_measurement(Measurement& m, Measurement more) {
 
 }  // namespace
 
+// Where a unit reads state the forward rewrites, the steps again with the next micro-batch's
+// forward before the backward, as pipeline schedules and multi-forward losses run them.
+void Runner::run_interleaved(const Plan& plan, const StepOptions& plain, RunRecords& r) {
+  const auto& calls = r.checkpointed.calls;
+  if (std::none_of(calls.begin(), calls.end(), [](const CallEvidence& c) { return !c.state_rewritten.empty(); })) {
+    return;
+  }
+  StepOptions interleaved = plain;
+  interleaved.schedule = Schedule::kInterleaved;
+  for (const Plan* p : {static_cast<const Plan*>(nullptr), &plan}) {
+    interleaved.evidence = p != nullptr;
+    const std::string label = p ? "interleaved checkpointed" : "interleaved reference";
+    auto record = run(p, interleaved, label);
+    r.cpu_seconds.emplace_back(label, record.cpu_seconds);
+    (p ? r.interleaved_checkpointed : r.interleaved_reference) = std::move(record);
+  }
+}
+
 // Plain and checkpointed steps alternate, so a machine that slows down meanwhile slows both.
 void Runner::bench_alternating(const Plan& plan, RunRecords& r) {
   r.bench_plain.emplace();
@@ -1129,7 +1174,9 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   if (needs.dtype_trace && (config_.amp != Amp::kOff || engine_mixed_precision(config_.data_parallel) != "off")) {
     ckpt.trace = TraceLevel::kDtypes;
   }
+  ckpt.watch_rewrites = needs.interleaved && config_.schedule == Schedule::kSequential && !config_.data_parallel;
   r.checkpointed = run_timed(&plan, ckpt, "checkpointed");
+  if (ckpt.watch_rewrites) run_interleaved(plan, plain, r);
   if (needs.amp_study && config_.amp != Amp::kOff) {
     StepOptions fp32 = plain;
     fp32.amp = Amp::kOff;

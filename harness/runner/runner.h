@@ -111,6 +111,11 @@ struct CallEvidence {
   /// Model state (parameters, buffers, tensor and scalar attributes) changed after the site's
   /// forward and before its recompute -- by the parent or a later site -- by name.
   std::vector<std::string> state_changed;
+  /// State the unit reads that the model's forward wrote before the unit's forward began (a
+  /// workspace the parent refills, a parameter an engine gathers): the next micro-batch's forward
+  /// writes it again, before this call's recompute where a schedule interleaves them
+  /// (StepOptions::watch_rewrites).
+  std::vector<std::string> state_rewritten;
   /// Those of them the model reaches through several module paths (a shared module): how many.
   std::map<std::string, size_t> state_paths;
   bool rng_consumed = false;          // the default generators moved during the forward
@@ -266,6 +271,11 @@ struct RunRecords {
   /// The process's CPU time of each part the records took ("reference", "checkpointed", "probe",
   /// ...), in the order they ran: what a check costs, and where.
   std::vector<std::pair<std::string, double>> cpu_seconds;
+  /// The plain and checkpointed steps again under the interleaved schedule (two micro-batches,
+  /// both forwards first), run when a checkpointed unit reads state the forward rewrites
+  /// (CallEvidence::state_rewritten), and their tensors compared (the session fills the diffs).
+  std::optional<StepRecord> interleaved_reference, interleaved_checkpointed;
+  std::vector<TensorDiff> interleaved_diffs;
   std::optional<Measurement> bench_plain;         // run --bench: nothing checkpointed
   std::optional<Measurement> bench_checkpointed;  // run --bench: the plan
   std::optional<StepRecord> single_process;       // data-parallel: the whole batch in one process
@@ -306,7 +316,9 @@ struct Needs {
   bool bench = false;        // memory and time of plain and checkpointed steps
   bool hooks = false;        // gradient hook counts of both steps
   bool single_process = false;  // data-parallel: a plain step on the whole batch, alone
+  bool interleaved = false;     // the interleaved steps, where a unit reads state the forward rewrites
   Needs& operator|=(const Needs& o) {
+    interleaved |= o.interleaved;
     dtype_trace |= o.dtype_trace;
     probe |= o.probe;
     amp_study |= o.amp_study;
@@ -327,6 +339,8 @@ struct StepOptions {
   std::optional<CheckpointProtections> checkpoint;  // overrides RunConfig::checkpoint
   bool count_hooks = false;  // count each parameter's gradient hook firings
   bool data_parallel = true;  // use RunConfig::data_parallel when there is one
+  std::optional<Schedule> schedule;  // overrides RunConfig::schedule (other than sequential: 2 micro-batches at least)
+  bool watch_rewrites = false;       // record CallEvidence::state_rewritten
 };
 
 /// What watches the steps Runner::measure_with runs (a memory profiler): told where each step
@@ -353,6 +367,9 @@ class Runner {
 
   /// The reference and checkpointed steps plus whatever `needs` asks for.
   RunRecords run_all(const Plan& plan, const Needs& needs);
+  /// The interleaved steps (RunRecords::interleaved_*), where a call of r.checkpointed read state
+  /// the forward rewrites; `plain`: the reference step's options.
+  void run_interleaved(const Plan& plan, const StepOptions& plain, RunRecords& r);
   /// run --bench: plain and checkpointed steps measured in turn, into r.bench_plain and r.bench_checkpointed.
   void bench_alternating(const Plan& plan, RunRecords& r);
 

@@ -125,6 +125,52 @@ TEST(ChecksOnRecords, InputsUnchangedUntilTheRecomputePass) {
   EXPECT_EQ(h.run(*make_check("input-mutation")).status, Status::kPass);
 }
 
+// --- schedule ---------------------------------------------------------------------------------
+
+// A unit that read state the forward rewrites: the interleaved steps, hand-built, with the
+// interleaved checkpointed call's recompute reading the changed state where `differs`.
+HandBuiltRecords interleaved_records(bool differs) {
+  HandBuiltRecords h;
+  h.call("blocks.0").state_rewritten = {"blocks.0.workspace"};
+  StepRecord plain, ckpt;
+  CallEvidence c = h.records.checkpointed.calls.front();
+  c.state_rewritten.clear();
+  if (differs) {
+    c.state_changed = {"blocks.0.workspace"};
+    c.output_diffs[0].equal = false;
+  }
+  ckpt.calls = {c};
+  h.records.interleaved_reference = plain;
+  h.records.interleaved_checkpointed = ckpt;
+  TensorDiff d;
+  d.name = "blocks.0.fc1.weight";
+  d.kind = "param-grad";
+  d.equal = !differs;
+  d.max_abs = differs ? 0.5 : 0.0;
+  h.records.interleaved_diffs = {d};
+  return h;
+}
+
+TEST(ChecksOnRecords, InterleavedStepsThatDifferFailAsInPlaceNamingTheRewrittenState) {
+  for (bool differs : {false, true}) {
+    const auto h = interleaved_records(differs);
+    const auto r = h.run(*make_check("schedule"));
+    if (!differs) {
+      EXPECT_EQ(r.status, Status::kPass) << r;
+      continue;
+    }
+    ASSERT_EQ(causes_of(r), std::vector<Cause>{Cause::kInPlace}) << r;
+    EXPECT_EQ(r.findings[0].site, "blocks.0");
+    EXPECT_EQ(r.findings[0].tensor, "blocks.0.workspace");
+  }
+}
+
+TEST(ChecksOnRecords, ScheduleSkipsWhereNoUnitReadsRewrittenState) {
+  HandBuiltRecords h;
+  h.call("blocks.0");
+  EXPECT_EQ(h.run(*make_check("schedule")).status, Status::kSkip);
+}
+
 // --- determinism -----------------------------------------------------------------------------
 
 TEST(ChecksOnRecords, ASiteThatDiffersFromARestartFailsAsNonDeterministic) {

@@ -72,7 +72,8 @@ def test_the_sequential_schedule_cannot_show_what_the_next_forward_changes(ckche
     # PyTorch agrees: each recompute runs before the next micro-batch's forward.
     assert not pytorch_differs(case, interleaved=False)
     r = ckcheck("run", "--model", fixture(f"{FILE}:{case}"), "--accumulate", "2")
-    assert r.code == 0, r.out + r.err
+    for check in ("gradients", "gradient-accumulation", "input-mutation"):
+        assert r.check(check)["status"] == "pass", r.out
 
 
 def test_a_parameter_emptied_after_the_forward_is_found_in_any_schedule(ckcheck):
@@ -80,3 +81,35 @@ def test_a_parameter_emptied_after_the_forward_is_found_in_any_schedule(ckcheck)
     r = ckcheck("run", "--model", fixture(f"{FILE}:frozen_released"))
     assert r.code == 1, r.out + r.err
     assert "blocks.0.base" in {f["tensor"] for f in r.check("input-mutation")["findings"]}
+
+
+# ---- by default: the interleaved steps run where a unit reads state the forward rewrites ------
+
+def phases(r):
+    return [p["part"] for p in r.report["cost"]["phases"]]
+
+
+def test_a_default_run_interleaves_where_a_unit_reads_state_the_forward_refills(ckcheck):
+    assert pytorch_differs("ctx_buffer", interleaved=True)
+    r = ckcheck("run", "--model", fixture(f"{FILE}:ctx_buffer"))
+    assert r.code == 1, r.out + r.err
+    check = r.check("schedule")
+    assert check["status"] == "fail", check
+    assert {f["tensor"] for f in check["findings"]} == {"blocks.0.workspace", "blocks.1.workspace"}, check
+    assert {f["cause"] for f in check["findings"]} == {"in-place"}
+    assert r.check("gradients")["status"] == "pass"  # the sequential step cannot show it
+
+
+def test_a_default_run_passes_state_the_forward_refills_with_the_same_values(ckcheck):
+    assert not pytorch_differs("ctx_buffer_same", interleaved=True)
+    r = ckcheck("run", "--model", fixture(f"{FILE}:ctx_buffer_same"))
+    assert r.code == 0, r.out + r.err
+    assert r.check("schedule")["status"] == "pass", r.check("schedule")
+    assert "interleaved checkpointed" in phases(r)
+
+
+def test_a_model_whose_forward_rewrites_nothing_pays_for_no_interleaved_step(ckcheck):
+    r = ckcheck("run", "--model", fixture(f"{FILE}:frozen_gathered"))
+    assert r.code == 0, r.out + r.err
+    assert r.check("schedule")["status"] == "skip"
+    assert not any(p.startswith("interleaved") for p in phases(r)), phases(r)

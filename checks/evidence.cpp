@@ -260,6 +260,16 @@ std::optional<SiteExplanation> explain_call(const CheckContext& ctx, const std::
                                             const UnitProbe* probe) {
   if (auto changed = changed_inputs(site, c)) return changed;
   if (!(recompute_differs(c) || c.recompute_failed || private_generator_drew_again(ctx, site))) return std::nullopt;
+  if (!c.state_poisoned.empty()) {
+    return SiteExplanation{site, Cause::kInPlace,
+                           fmt::format("{} -- state the model's forward rewrites before the site runs -- {} overwritten "
+                                       "with NaN after the site's forward (--poison), and the backward read {}: any "
+                                       "forward run before this backward (the next micro-batch's) changes what it reads",
+                                       fmt::join(c.state_poisoned, ", "), c.state_poisoned.size() == 1 ? "was" : "were",
+                                       c.state_poisoned.size() == 1 ? "it" : "them"),
+                           "keep what a checkpointed site reads fixed until its backward: allocate it per micro-batch "
+                           "or pass it as an argument; else do not checkpoint the site"};
+  }
   if (!c.state_changed.empty()) {
     return SiteExplanation{site, Cause::kInPlace,
                            fmt::format("{} was changed after the site's forward and before its recompute, so the "

@@ -138,6 +138,14 @@ Finding explained_by(const CheckContext& ctx, const TensorDiff& d, const std::ve
   return f;
 }
 
+// Under --poison, NaN the checkpointed step computed from the state it overwrote: the explained
+// site that read it names the cause, not the NaN.
+bool poison_read(const CheckContext& ctx, const std::vector<SiteExplanation>& explained) {
+  if (!ctx.config.poison_rewritten || explained.empty()) return false;
+  const auto& calls = ctx.records.checkpointed.calls;
+  return std::any_of(calls.begin(), calls.end(), [](const CallEvidence& c) { return !c.state_poisoned.empty(); });
+}
+
 // The cause and site of one differing tensor, and the evidence for it, in words.
 Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidence& step, std::string& evidence) {
   const auto& explained = step.explained;
@@ -146,7 +154,7 @@ Finding cause_of(const CheckContext& ctx, const TensorDiff& d, const StepEvidenc
     f.cause = Cause::kMissingGrad;
     f.site = owning_unit(ctx.plan, d.name);
     evidence = fmt::format("{} exists only on the {} side", d.name, d.missing == "checkpointed" ? "reference" : "checkpointed");
-  } else if (d.nonfinite_checkpointed > d.nonfinite_reference) {
+  } else if (d.nonfinite_checkpointed > d.nonfinite_reference && !poison_read(ctx, explained)) {
     f.cause = Cause::kNonFinite;
     evidence = fmt::format("{} has {} NaN/Inf values with checkpointing, {} without", d.name,
                            d.nonfinite_checkpointed, d.nonfinite_reference);

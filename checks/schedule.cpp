@@ -56,7 +56,6 @@ CheckInfo schedule_info() {
   CheckInfo info{"schedule", CheckKind::kSymptom, 27,
                  "where a checkpointed unit reads state the forward rewrites, the interleaved steps equal the plain ones"};
   info.needs.interleaved = true;
-  info.causes = {Cause::kInPlace};
   return info;
 }
 

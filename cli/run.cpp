@@ -69,6 +69,11 @@ OptionTable<RunOptions> shared_run_rows() {
 
 }  // namespace
 
+constexpr const char* kPoisonHelp =
+    "after each micro-batch's forward, until its backward ended, overwrite with NaN the state a checkpointed unit read "
+    "that the model's forward had rewritten before it (a workspace, a buffer the program refills): a recompute or "
+    "backward that reads it fails, naming it (a diagnostic: the checkpointed step sees NaN there)";
+
 constexpr const char* kScheduleHelp =
     "the order of the micro-batches in a step, plain and checkpointed alike: sequential (each forward, then its "
     "backward), interleaved (every forward, then the backwards in the same order, as pipeline schedules and "
@@ -116,6 +121,7 @@ const OptionTable<RunOptions>& run_option_table() {
                     &RunOptions::config, &RunConfig::accumulate)
                     .check(whole_number(1, 64))
                     .config("accumulate"));
+    t.push_back(Row("--poison", kPoisonHelp, &RunOptions::config, &RunConfig::poison_rewritten).config("poison"));
     t.push_back(Row("--schedule", kScheduleHelp, &RunOptions::schedule)
                     .check(CLI::IsMember({"sequential", "interleaved", "reversed"}))
                     .config("schedule"));
@@ -325,11 +331,16 @@ Situation situation_of(const RunOptions& o) {
   return situation;
 }
 
-// Micro-batches (--accumulate, or a --schedule's) run in one process.
+// Micro-batches (--accumulate, or a --schedule's) and --poison run in one process; --poison
+// watches the sequential schedule.
 void refuse_ranks_with_micro_batches(const RunOptions& o, const RunConfig& config, bool ranked) {
-  if (config.accumulate > 1 && (o.world_size > 1 || ranked)) {
+  const bool ranks = o.world_size > 1 || ranked;
+  if ((config.accumulate > 1 || config.poison_rewritten) && ranks) {
     throw UsageError(fmt::format("--{} runs in one process; drop --world-size (or torchrun) for it",
-                                 o.config.accumulate > 1 ? "accumulate" : "schedule"));
+                                 o.config.accumulate > 1 ? "accumulate" : config.poison_rewritten ? "poison" : "schedule"));
+  }
+  if (config.poison_rewritten && config.schedule != Schedule::kSequential) {
+    throw UsageError("--poison overwrites state between each forward and its own backward: drop --schedule for it");
   }
 }
 

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <map>
 #include <set>
@@ -99,7 +100,32 @@ class EvidenceObserver : public CheckpointObserver {
 
   int64_t step = 1;
   bool watch_rewrites = false;  // StepOptions::watch_rewrites
+  bool poison = false;          // RunConfig::poison_rewritten (with watch_rewrites)
   OpTracer* tracer() const { return tracer_; }
+
+  // The micro-batch's backward ended: what --poison overwrote holds its values again, so that the
+  // state after the step is the program's own.
+  void backward_ended() {
+    torch::NoGradGuard no_grad;
+    // Last first: a tensor two calls read was kept twice, the second time already NaN.
+    for (auto it = poisoned_.rbegin(); it != poisoned_.rend(); ++it) it->first.copy_(it->second);
+    poisoned_.clear();
+  }
+
+  // The model's forward of a micro-batch ended: under --poison, the state its calls read that the
+  // forward had rewritten is overwritten with NaN (after the whole forward: a later unit may read
+  // it too), and those calls' marks taken again, so that only the program's own writes count as
+  // changes before the recompute.
+  void model_forward_ends() {
+    if (!evidence_ || !poison) return;
+    for (auto& [id, e] : calls_) {
+      if (e.state_rewritten.empty() || !e.state_poisoned.empty() || e.recomputed) continue;
+      poison_rewritten(e);
+    }
+    for (auto& [id, e] : calls_) {
+      if (!e.state_poisoned.empty() && !e.recomputed) state_at_forward_[id] = state_marks(sites_of_unit(e.site));
+    }
+  }
 
   // The model's forward of a micro-batch begins: the state every unit reads, marked, so that each
   // call's forward can tell what the forward wrote before it (CallEvidence::state_rewritten).
@@ -235,6 +261,7 @@ class EvidenceObserver : public CheckpointObserver {
   }
 
   void flush() {
+    backward_ended();       // a backward that threw left what --poison overwrote
     draw_watches_.clear();  // a forward or recompute that threw left its watch open
     for (auto& [id, e] : calls_) {
       // A call whose recompute began and never ended did not finish.
@@ -271,6 +298,22 @@ class EvidenceObserver : public CheckpointObserver {
   std::map<int64_t, std::map<std::string, Mark>> state_at_forward_;
 
   std::map<std::string, Mark> step_marks_;  // the units' state as the model's forward began
+  std::vector<std::pair<Tensor, Tensor>> poisoned_;  // --poison: each tensor overwritten, and its value
+
+  // --poison: the call's rewritten floating-point state overwritten with NaN, in place.
+  void poison_rewritten(CallEvidence& e) {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : model_->unit_state(sites_of_unit(e.site))) {
+      const auto plain = state_display_name(name);
+      const auto& rewritten = e.state_rewritten;
+      if (!t.defined() || !t.is_floating_point() || std::find(rewritten.begin(), rewritten.end(), plain) == rewritten.end()) {
+        continue;
+      }
+      poisoned_.emplace_back(t, t.clone());
+      t.fill_(std::numeric_limits<double>::quiet_NaN());
+      e.state_poisoned.push_back(plain);
+    }
+  }
 
   // The state the call's unit reads that changed since the model's forward began.
   void note_rewrites(CallEvidence& e) const {
@@ -835,6 +878,7 @@ class StepRun {
     quiet_.reset();
     const auto outs = forward_under(autocast_, model_, xs, sites_);
     quiet_.emplace();
+    observer_.model_forward_ends();
     record_.forward_draws = record_.forward_draws || RngState::capture() != rng_before;
     // Each micro-batch its own upstream gradient; the first one's is that of a plain step.
     auto up = upstream_of(outs, config_.seed + 7919 * static_cast<uint64_t>(mb - 1), step, part_);
@@ -859,6 +903,7 @@ class StepRun {
     if (!m.up.roots.empty()) torch::autograd::backward(m.up.roots, m.up.grads);
     if (plant_) plant_->set_backward(false);
     quiet_.emplace();
+    observer_.backward_ended();
     hooks.record(record_, m.step, m.mb, part_);
     keep_input_grads(input_grads_, m.xs, m.step, m.mb);
     if (partial) record_partial_grads(record_, params_, m.step, m.mb);
@@ -903,6 +948,7 @@ StepRecord Runner::run(const Plan* plan, const StepOptions& options, const std::
   OpTracer* tp = tracer ? &*tracer : nullptr;
   auto observer = std::make_shared<EvidenceObserver>(record, options.evidence, tp, &model_, plan);
   observer->watch_rewrites = options.watch_rewrites;
+  observer->poison = options.watch_rewrites && config_.poison_rewritten;
   auto base = checkpoint_options(config_, options);
   if (plan && (options.evidence || tp)) base.observer(observer);
   Plant* plant = config_.plant.get();
@@ -1174,9 +1220,10 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   if (needs.dtype_trace && (config_.amp != Amp::kOff || engine_mixed_precision(config_.data_parallel) != "off")) {
     ckpt.trace = TraceLevel::kDtypes;
   }
-  ckpt.watch_rewrites = needs.interleaved && config_.schedule == Schedule::kSequential && !config_.data_parallel;
+  ckpt.watch_rewrites = (needs.interleaved || config_.poison_rewritten) && config_.schedule == Schedule::kSequential &&
+                        !config_.data_parallel;
   r.checkpointed = run_timed(&plan, ckpt, "checkpointed");
-  if (ckpt.watch_rewrites) run_interleaved(plan, plain, r);
+  if (ckpt.watch_rewrites && needs.interleaved) run_interleaved(plan, plain, r);
   if (needs.amp_study && config_.amp != Amp::kOff) {
     StepOptions fp32 = plain;
     fp32.amp = Amp::kOff;

@@ -75,6 +75,10 @@ struct RunConfig {
   /// unit whose recompute did not reproduce its forward bitwise is probed (or one the checkpointed
   /// step did not show): the recompute already is a second run of the unit on its inputs.
   bool probe_every_unit = false;
+  /// --poison: after each checkpointed call's forward, the floating-point state its unit reads that
+  /// the model's forward rewrote before it (CallEvidence::state_rewritten) is overwritten with NaN,
+  /// so that a recompute or backward that reads it before the program refills it fails loudly.
+  bool poison_rewritten = false;
   /// Every floating-point input converted to this dtype as it is made (the float64 rerun, whose
   /// parameters and state Runner::rerun_in_float64 converts); as the model makes them otherwise.
   std::optional<c10::ScalarType> compute_dtype;
@@ -116,6 +120,8 @@ struct CallEvidence {
   /// writes it again, before this call's recompute where a schedule interleaves them
   /// (StepOptions::watch_rewrites).
   std::vector<std::string> state_rewritten;
+  /// Those of them --poison overwrote with NaN after the call's forward.
+  std::vector<std::string> state_poisoned;
   /// Those of them the model reaches through several module paths (a shared module): how many.
   std::map<std::string, size_t> state_paths;
   bool rng_consumed = false;          // the default generators moved during the forward

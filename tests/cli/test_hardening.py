@@ -151,6 +151,8 @@ row(base + ["--accumulate", "2", "--world-size", "2"], r"--accumulate runs in on
 for v in ["", "Interleaved", "1f1b", LONG]:
     row(base + ["--schedule", v], r"--schedule")
 row(base + ["--schedule", "interleaved", "--world-size", "2"], r"--schedule runs in one process")
+row(base + ["--poison", "--world-size", "2"], r"--poison runs in one process")
+row(base + ["--poison", "--schedule", "reversed"], r"--poison overwrites state .*drop --schedule")
 for v in ["", "Torch", "reentrant", "torch,model"]:
     row(base + ["--checkpoint", v], r"--checkpoint")
 row(base + ["--checkpoint", "torch"], r"--checkpoint torch applies to Python models")

@@ -113,3 +113,22 @@ def test_a_model_whose_forward_rewrites_nothing_pays_for_no_interleaved_step(ckc
     assert r.code == 0, r.out + r.err
     assert r.check("schedule")["status"] == "skip"
     assert not any(p.startswith("interleaved") for p in phases(r)), phases(r)
+
+
+# ---- --poison: state the forward rewrites, overwritten with NaN until the backward ended -------
+
+def test_poison_makes_a_backward_that_reads_rewritten_state_fail_naming_it(ckcheck):
+    # The twin whose refills are equal passes interleaved (PyTorch above): the poison shows that its
+    # recompute still reads the workspace, which any other refill would change.
+    r = ckcheck("run", "--model", fixture(f"{FILE}:ctx_buffer_same"), "--poison", "--checks", "gradients,buffers")
+    assert r.code == 1, r.out + r.err
+    (f,) = r.check("gradients")["findings"][:1]
+    assert f["cause"] == "in-place" and f["site"] == "blocks.0", f
+    assert "blocks.0.workspace" in f["message"] and "--poison" in f["message"], f
+    assert r.check("buffers")["status"] == "pass"  # the poisoned values are put back after the backward
+
+
+def test_poison_leaves_a_model_whose_forward_rewrites_nothing_as_it_is(ckcheck):
+    r = ckcheck("run", "--model", fixture(f"{FILE}:closure_one"), "--poison")
+    assert r.code == 0, r.out + r.err
+    assert r.report["config"]["poison"] is True

@@ -1204,6 +1204,19 @@ void Runner::bench_alternating(const Plan& plan, RunRecords& r) {
   }
 }
 
+// The checkpointed step's options: the dtypes traced where the autocast check reads them, the
+// state the forward rewrites watched where the schedule check or --poison needs it.
+StepOptions Runner::checkpointed_options(const Needs& needs) const {
+  StepOptions ckpt;
+  ckpt.count_hooks = needs.hooks;
+  if (needs.dtype_trace && (config_.amp != Amp::kOff || engine_mixed_precision(config_.data_parallel) != "off")) {
+    ckpt.trace = TraceLevel::kDtypes;
+  }
+  ckpt.watch_rewrites = (needs.interleaved || config_.poison_rewritten) && config_.schedule == Schedule::kSequential &&
+                        !config_.data_parallel;
+  return ckpt;
+}
+
 RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   RunRecords r;
   auto run_timed = [&](const Plan* p, const StepOptions& o, const std::string& label) {
@@ -1215,13 +1228,7 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   plain.evidence = false;
   plain.count_hooks = needs.hooks;
   r.reference = run_timed(nullptr, plain, "reference");
-  StepOptions ckpt;
-  ckpt.count_hooks = needs.hooks;
-  if (needs.dtype_trace && (config_.amp != Amp::kOff || engine_mixed_precision(config_.data_parallel) != "off")) {
-    ckpt.trace = TraceLevel::kDtypes;
-  }
-  ckpt.watch_rewrites = (needs.interleaved || config_.poison_rewritten) && config_.schedule == Schedule::kSequential &&
-                        !config_.data_parallel;
+  const StepOptions ckpt = checkpointed_options(needs);
   r.checkpointed = run_timed(&plan, ckpt, "checkpointed");
   if (ckpt.watch_rewrites && needs.interleaved) run_interleaved(plan, plain, r);
   if (needs.amp_study && config_.amp != Amp::kOff) {

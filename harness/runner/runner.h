@@ -373,6 +373,8 @@ class Runner {
 
   /// The reference and checkpointed steps plus whatever `needs` asks for.
   RunRecords run_all(const Plan& plan, const Needs& needs);
+  /// The options of run_all's checkpointed step for the evidence `needs` asks for.
+  StepOptions checkpointed_options(const Needs& needs) const;
   /// The interleaved steps (RunRecords::interleaved_*), where a call of r.checkpointed read state
   /// the forward rewrites; `plain`: the reference step's options.
   void run_interleaved(const Plan& plan, const StepOptions& plain, RunRecords& r);

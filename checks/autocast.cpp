@@ -1,6 +1,8 @@
 // autocast: under AMP, the recompute must run each op in the dtype the forward ran it in. Then
 // the precision question the field guide raises: how far from an fp32 step are the gradients of
-// plain AMP, checkpointed AMP, and checkpointed AMP with the recompute kept in fp32?
+// plain AMP, checkpointed AMP, and checkpointed AMP with the recompute kept in fp32? With AMP off,
+// a recompute outside the precision context its forward ran under (float8 training, a quantized
+// layer's switch): where a recompute did not reproduce its forward, the runner traced the dtypes.
 #include <cmath>
 #include <set>
 
@@ -14,6 +16,25 @@ const CheckKnob kAmpErrorFactor{"amp-error-factor",
                                 "warn when checkpointed AMP gradients are this many times further from fp32 than "
                                 "plain AMP's (at least 1)",
                                 2.0, 1.0, 1e6};
+
+constexpr CauseWord kPrecisionContextWord{
+    "precision-context",
+    "enter the precision context (float8 or quantization switch, fp8_autocast) inside the checkpointed function, "
+    "or use a checkpoint that restores it in the recompute, as it restores autocast"};
+
+}  // namespace
+
+const Cause kPrecisionContext{kPrecisionContextWord};
+
+namespace {
+
+// A call whose recompute made a cast or reduced-precision op another number of times than its
+// forward: outside its forward's precision context.
+Finding precision_context_finding(const CallEvidence& c, const PrecisionShift& shift) {
+  Finding f{kPrecisionContext, c.site, shift.op, precision_shift_words(shift), kPrecisionContextWord.hint};
+  f.details = {{"op", shift.op}, {"forward_count", shift.forward}, {"recompute_count", shift.recompute}};
+  return f;
+}
 
 // ||g - g32|| / ||g32||, in double; NaN when either is missing.
 double relative_error(const torch::Tensor& g, const torch::Tensor& g32) {
@@ -130,10 +151,12 @@ class AutocastCheck : public DeclaredCheck {
   AutocastCheck()
       : DeclaredCheck(CheckInfo{"autocast", CheckKind::kHazard, 50,
           "under --amp, the recompute runs every op in the forward's dtype, and checkpointing "
-          "does not move gradients further from fp32 than plain AMP"}
+          "does not move gradients further from fp32 than plain AMP; a recompute that differs made its "
+          "forward's float8 and quantization casts"}
           .needing(&Needs::dtype_trace)
           .needing(&Needs::amp_study)
-          .with_knobs({kAmpErrorFactor})) {}
+          .with_knobs({kAmpErrorFactor})
+          .with_causes({kPrecisionContext})) {}
 
   // Under FSDP2's mixed precision without autocast: the dtypes of the recompute's ops against the
   // forward's; no AMP study (there is no fp32 autocast-off twin of an engine's precision).
@@ -161,6 +184,23 @@ class AutocastCheck : public DeclaredCheck {
     return r;
   }
 
+  // AMP off: where a recompute did not reproduce its forward, the runner traced its ops' dtypes;
+  // one that made a float8 or quantization cast another number of times ran outside its context.
+  CheckResult precision_context_result(const CheckContext& ctx) const {
+    auto r = result();
+    std::set<std::string> reported;
+    for (const auto& c : ctx.records.checkpointed.calls) {
+      const auto shift = precision_shift(c);
+      if (!shift || !(recompute_differs(c) || c.recompute_failed) || !reported.insert(c.site).second) continue;
+      add_finding(r, precision_context_finding(c, *shift));
+    }
+    if (r.findings.empty()) return skipped(id(), "AMP is off (--amp bf16 on the CPU; fp16 or bf16 on CUDA)");
+    r.status = Status::kFail;
+    r.summary = fmt::format("{} recompute outside the precision context their forward ran under",
+                            count_of(reported.size(), "site"));
+    return r;
+  }
+
   CheckResult run(const CheckContext& ctx) const override {
     auto r = result();
     if (auto compiled = skipped_when_compiled(id(), ctx)) return *compiled;
@@ -168,9 +208,7 @@ class AutocastCheck : public DeclaredCheck {
     // in the dtype its forward did (the dtype-loss class of FSDP2 with activation checkpointing).
     const auto mixed = engine_mixed_precision(ctx.config.data_parallel);
     if (ctx.config.amp == Amp::kOff && mixed != "off") return mixed_precision_result(ctx, mixed);
-    if (ctx.config.amp == Amp::kOff) {
-      return skipped(id(), "AMP is off (--amp bf16 on the CPU; fp16 or bf16 on CUDA)");
-    }
+    if (ctx.config.amp == Amp::kOff) return precision_context_result(ctx);
     std::set<std::string> reported;
     for (const auto& c : ctx.records.checkpointed.calls) {
       const auto idx = first_dtype_difference(c);

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <sstream>
 
 namespace ckcheck {
 
@@ -58,18 +60,6 @@ Cause dtype_cause(const CheckContext& ctx) {
                                                                                                   : Cause::kAutocast;
 }
 
-namespace {
-
-// The ops through which a dtype changes: casts by hand (.to, .float(), type_as) and autocast's own.
-bool is_cast_op(const std::string& op) {
-  static constexpr const char* kCasts[] = {"aten::to", "aten::_to_copy", "aten::type_as",
-                                           "aten::_autocast_to_reduced_precision",
-                                           "aten::_autocast_to_full_precision"};
-  return std::any_of(std::begin(kCasts), std::end(kCasts), [&](const char* c) { return op == c; });
-}
-
-}  // namespace
-
 std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
   if (c.forward_dtypes.empty() && c.recompute_dtypes.empty()) return std::nullopt;
   if (!c.recomputed) return std::nullopt;
@@ -89,6 +79,40 @@ std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
     if (!threw && c.forward_dtypes[i] != c.recompute_dtypes[i]) return i;
   }
   return std::nullopt;
+}
+
+std::optional<PrecisionShift> precision_shift(const CallEvidence& c) {
+  if (!c.recomputed || (c.forward_precision_ops.empty() && c.recompute_precision_ops.empty())) return std::nullopt;
+  std::map<std::string, size_t> forward, recompute;
+  for (const auto& op : c.forward_precision_ops) ++forward[op];
+  for (const auto& op : c.recompute_precision_ops) ++recompute[op];
+  // "op -> dtypes": one that gives a reduced precision says more than a cast to float32 or double.
+  auto reduced = [](const std::string& op) {
+    const auto dtypes = op.substr(op.rfind("-> ") + 3);
+    std::stringstream in(dtypes);
+    std::string dtype;
+    while (std::getline(in, dtype, ',')) {
+      if (is_reduced_precision(dtype)) return true;
+    }
+    return false;
+  };
+  for (const bool want_reduced : {true, false}) {
+    for (const auto& op : c.forward_precision_ops) {
+      if (reduced(op) == want_reduced && forward[op] > recompute[op]) return PrecisionShift{op, forward[op], recompute[op]};
+    }
+    for (const auto& op : c.recompute_precision_ops) {
+      if (reduced(op) == want_reduced && recompute[op] > forward[op]) return PrecisionShift{op, forward[op], recompute[op]};
+    }
+  }
+  return std::nullopt;
+}
+
+std::string precision_shift_words(const PrecisionShift& s) {
+  auto times = [](size_t n) { return n == 0 ? std::string("never") : count_of(n, "time"); };
+  return fmt::format("the forward ran {} {}, the recompute {}: the recompute ran outside the precision or "
+                     "quantization context its forward ran under (float8 training, a quantized layer's switch) "
+                     "and recomputed other values",
+                     s.op, times(s.forward), times(s.recompute));
 }
 
 bool recompute_differs(const CallEvidence& c) {
@@ -284,6 +308,7 @@ std::optional<SiteExplanation> explain_call(const CheckContext& ctx, const std::
     return SiteExplanation{site, Cause::kRng, std::move(host), kHostGeneratorHint};
   }
   if (auto probed = probed_cause(site, c, probe)) return probed;
+  if (auto shift = precision_shift(c)) return SiteExplanation{site, kPrecisionContext, precision_shift_words(*shift)};
   if (c.recomputed && c.inputs_recompute != c.inputs_forward) {  // changed by someone else than the site
     return SiteExplanation{site, Cause::kInPlace,
                            fmt::format("the site's arguments hold {} input tensors at its forward and {} at its "

@@ -54,6 +54,26 @@ Cause dtype_cause(const CheckContext& ctx);
 /// not another precision).
 std::optional<size_t> first_dtype_difference(const CallEvidence& call);
 
+/// precision-context: the recompute ran outside the precision or quantization context its forward
+/// ran under (float8 training, a quantized layer's switch). Brought by the autocast check.
+extern const Cause kPrecisionContext;
+
+/// Where a call's recompute made a cast or a reduced-precision op (at any depth: inside a float8
+/// layer's autograd Function too) more or fewer times than its forward: the op and its dtypes.
+struct PrecisionShift {
+  std::string op;           // "aten::_to_copy -> Float8_e4m3fn"
+  size_t forward = 0;       // how often the forward made it
+  size_t recompute = 0;     // and the recompute
+};
+
+/// The first such op of the forward the recompute made less often, else the first of the
+/// recompute the forward made less often; nothing when both made the same ones as often (or the
+/// call was not traced or not recomputed).
+std::optional<PrecisionShift> precision_shift(const CallEvidence& call);
+
+/// The sentence that says what a precision shift means.
+std::string precision_shift_words(const PrecisionShift& shift);
+
 /// The first random draw of a call's recompute that its forward never made -- another op, or the
 /// same op from another generator state: there the recompute drew other numbers than its forward.
 /// Null when every draw of the recompute replays one of the forward's (or none was seen).

@@ -742,10 +742,13 @@ void attach_op_evidence(StepRecord& record) {
   for (const auto& op : record.ops) {
     auto it = by_call.find(op.call);
     if (it == by_call.end() || op.phase == Phase::kBackward || !is_operator(op)) continue;
-    if (op.depth != outermost[std::make_pair(op.call, static_cast<int>(op.phase))]) continue;
     auto& e = *it->second;
     const std::string dtype = op.dtypes.empty() ? "-" : fmt::format("{}", fmt::join(op.dtypes, ","));
     const bool forward = op.phase == Phase::kForward;
+    if (is_cast_op(op.name) || std::any_of(op.dtypes.begin(), op.dtypes.end(), is_reduced_precision)) {
+      (forward ? e.forward_precision_ops : e.recompute_precision_ops).push_back(op.name + " -> " + dtype);
+    }
+    if (op.depth != outermost[std::make_pair(op.call, static_cast<int>(op.phase))]) continue;
     (forward ? e.forward_ops : e.recompute_ops).push_back(op.name);
     (forward ? e.forward_dtypes : e.recompute_dtypes).push_back(dtype);
     (forward ? e.forward_autocast : e.recompute_autocast).push_back(op.autocast);
@@ -1204,6 +1207,49 @@ void Runner::bench_alternating(const Plan& plan, RunRecords& r) {
   }
 }
 
+namespace {
+
+bool some_recompute_differs(const StepRecord& step) {
+  return std::any_of(step.calls.begin(), step.calls.end(), [](const CallEvidence& c) {
+    return c.recompute_failed ||
+           std::any_of(c.output_diffs.begin(), c.output_diffs.end(), [](const TensorDiff& d) { return !d.equal; });
+  });
+}
+
+// The dtypes `traced` (the same step again, its ops traced) recorded, given to the calls of `step`
+// they belong to: matched by position and site, as both steps ran the same calls in the same order.
+void adopt_dtype_trace(StepRecord& step, StepRecord traced) {
+  const bool same = std::equal(step.calls.begin(), step.calls.end(), traced.calls.begin(), traced.calls.end(),
+                               [](const CallEvidence& a, const CallEvidence& b) { return a.site == b.site; });
+  if (!same) return;
+  for (size_t i = 0; i < step.calls.size(); ++i) {
+    auto& to = step.calls[i];
+    auto& from = traced.calls[i];
+    to.forward_ops = std::move(from.forward_ops);
+    to.recompute_ops = std::move(from.recompute_ops);
+    to.forward_dtypes = std::move(from.forward_dtypes);
+    to.recompute_dtypes = std::move(from.recompute_dtypes);
+    to.forward_autocast = std::move(from.forward_autocast);
+    to.recompute_autocast = std::move(from.recompute_autocast);
+    to.forward_precision_ops = std::move(from.forward_precision_ops);
+    to.recompute_precision_ops = std::move(from.recompute_precision_ops);
+  }
+}
+
+// A recompute that did not reproduce its forward may have run outside the precision context its
+// forward ran under (float8 training, a quantized layer's switch): the checkpointed step again,
+// its ops' dtypes traced, tells. Only then: a model whose recomputes reproduce pays nothing.
+template <typename RunTimed>
+void trace_dtypes_where_differing(const StepOptions& ckpt, StepRecord& checkpointed, RunTimed& run_timed,
+                                  const Plan& plan) {
+  if (ckpt.trace != TraceLevel::kNone || !some_recompute_differs(checkpointed)) return;
+  StepOptions traced = ckpt;
+  traced.trace = TraceLevel::kDtypes;
+  adopt_dtype_trace(checkpointed, run_timed(&plan, traced, "checkpointed, dtypes traced"));
+}
+
+}  // namespace
+
 // The checkpointed step's options: the dtypes traced where the autocast check reads them, the
 // state the forward rewrites watched where the schedule check or --poison needs it.
 StepOptions Runner::checkpointed_options(const Needs& needs) const {
@@ -1230,6 +1276,7 @@ RunRecords Runner::run_all(const Plan& plan, const Needs& needs) {
   r.reference = run_timed(nullptr, plain, "reference");
   const StepOptions ckpt = checkpointed_options(needs);
   r.checkpointed = run_timed(&plan, ckpt, "checkpointed");
+  if (needs.dtype_trace) trace_dtypes_where_differing(ckpt, r.checkpointed, run_timed, plan);
   if (ckpt.watch_rewrites && needs.interleaved) run_interleaved(plan, plain, r);
   if (needs.amp_study && config_.amp != Amp::kOff) {
     StepOptions fp32 = plain;

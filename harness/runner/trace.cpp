@@ -41,6 +41,19 @@ bool is_random_op(const std::string& name) {
   return random_ops.count(name) > 0;
 }
 
+bool is_cast_op(const std::string& name) {
+  static const std::set<std::string> casts = {"aten::to", "aten::_to_copy", "aten::type_as",
+                                              "aten::_autocast_to_reduced_precision",
+                                              "aten::_autocast_to_full_precision"};
+  return casts.count(name) > 0;
+}
+
+bool is_reduced_precision(const std::string& dtype) {
+  auto starts = [&](const char* prefix) { return dtype.rfind(prefix, 0) == 0; };
+  return dtype == "Half" || dtype == "BFloat16" || starts("Float8") || starts("Float4") || starts("QInt") ||
+         starts("QUInt");
+}
+
 struct OpTracer::Impl {
   TraceLevel level;
   int64_t budget;

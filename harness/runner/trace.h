@@ -79,6 +79,14 @@ class OpTracer {
 /// True for ATen ops that draw random numbers (bernoulli_, rand, normal_, native_dropout, ...).
 bool is_random_op(const std::string& name);
 
+/// True for the ops through which a dtype changes: casts by hand (.to, .float(), type_as) and
+/// autocast's own.
+bool is_cast_op(const std::string& name);
+
+/// True for a dtype (c10's name: "BFloat16", "Float8_e4m3fn", "QInt8") of reduced floating or
+/// quantized precision: what a precision context (AMP, float8 training, a quantized layer) produces.
+bool is_reduced_precision(const std::string& dtype);
+
 /// One random op run inside a checkpointed call, with the state of the generator it draws from as
 /// it began: two draws with the same op and state draw the same numbers.
 struct RandomDraw {

@@ -10,6 +10,7 @@ and are left out: their caches fill on first use, which is not the model's state
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -64,8 +65,18 @@ class ModuleVariables:
         labels = [os.path.basename(s["__file__"]) for s in spaces]  # a file's name; its module's where two share one
         self._spaces = [(label if labels.count(label) == 1 else s.get("__name__", label), s)
                         for label, s in zip(labels, spaces)]
-        self._seen = dict(self._digests())  # the digests last looked at
-        self._written = set()  # variables the program has written since: the only ones compared
+        self._at_end = dict(self._digests())  # the digests at the end of the last step listed
+        self._written = set()  # variables a step has ended with another value: the only ones compared
+        self._within = 0  # inside the model's forward (a backward is seen by autograd's graph task)
+
+    @contextlib.contextmanager
+    def within_step(self):
+        """Around the model's forward: what state_tensors() sees there is not a step's end."""
+        self._within += 1
+        try:
+            yield
+        finally:
+            self._within -= 1
 
     def _variables(self):
         """(label, namespace, name, value) of each variable that is state: data (a large tensor or
@@ -76,9 +87,15 @@ class ModuleVariables:
                     yield label, space, name, value
 
     def state_tensors(self, out):
-        """Appends (name, tensor, kind) for each variable the program has written, named "@FILE:NAME"
-        (and ".KEY" within): one it never writes cannot differ between two steps."""
-        self.digests()
+        """Appends (name, tensor, kind) for each variable some step has ended with another value than
+        the step before, named "@FILE:NAME" (and ".KEY" within): one no step changes cannot differ
+        between two steps. Called as a step ends: a flag a context manager sets and puts back within
+        the forward (a precision context's switch) is not state, however often the forward is seen
+        with it set."""
+        if not self._within and torch._C._current_graph_task_id() == -1:
+            now = dict(self._digests())
+            self._written.update(k for k, d in now.items() if self._at_end.get(k) != d)
+            self._at_end = now
         for label, _, name, value in self._variables():
             if f"{label}:{name}" in self._written:
                 flat = []
@@ -87,11 +104,8 @@ class ModuleVariables:
 
     def digests(self):
         """[("FILE:NAME", digest)]: a digest changes when the variable is rebound, appended to, or a
-        tensor in it is written in place. Notes the variables written since the last look."""
-        now = self._digests()
-        self._written.update(k for k, d in now if self._seen.get(k) != d)
-        self._seen = dict(now)
-        return now
+        tensor in it is written in place."""
+        return self._digests()
 
     def _digests(self):
         return [(f"{label}:{name}", _digest(value)) for label, _, name, value in self._variables()]

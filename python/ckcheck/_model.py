@@ -1241,7 +1241,7 @@ class ModelAdapter:
         self._call_site = call_site
         offloaded = self._offload() if self._offload is not None and checkpointing else contextlib.nullcontext()
         try:
-            with torch.utils.checkpoint.set_checkpoint_early_stop(False), offloaded:
+            with torch.utils.checkpoint.set_checkpoint_early_stop(False), offloaded, self._globals.within_step():
                 taps = self._taps
                 out = (self._engine or self.module)(*a, **k)
                 if self.loss is not None:

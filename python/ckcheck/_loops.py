@@ -72,6 +72,12 @@ def to_device(batch, device):
     return batch
 
 
+def with_autocast(options, amp):
+    """ckcheck.run's options with the autocast the loop trains under ("bf16", "fp16"; None: none),
+    so the check's steps run as the loop's do; an amp= the user gave wins."""
+    return {"amp": amp, **options} if amp else dict(options)
+
+
 class LoopCheck:
     """What the loop callbacks share: what a failure does (on_failure "stop": CheckpointMismatch,
     no optimizer step taken; "warn": a RuntimeWarning and training goes on), ckcheck.run's options,

@@ -7,7 +7,7 @@ When training starts (before the first optimizer step), the callback checks one 
 the LightningModule on the first batch of the Trainer's train data loader -- its training_step's
 loss, with the model's own checkpointing switch as the module set it (a Hugging Face backbone's,
 found switched on inside the module) against the same step with the switch off, as
-`ckcheck.check_step` does. A step that checkpointing changes stops the run (CheckpointMismatch,
+`ckcheck.check_step` does -- under autocast where the Trainer's precision is "bf16-mixed" or "16-mixed". A step that checkpointing changes stops the run (CheckpointMismatch,
 with ckcheck's report) or, with on_failure="warn", is a RuntimeWarning. Nothing is logged by the
 check's steps; the module, the optimizer, the data order and every random stream are left as they
 were. Sites are named from the check's wrapper of the module: `module.` and the module's own path.
@@ -51,11 +51,16 @@ class CkcheckCallback(_loops.LoopCheck, pl.Callback):
         batch = _loops.first_batch(trainer.train_dataloader, pl_module.device)
         pl_module.log = pl_module.log_dict = _not_logged  # the check's steps log nothing
         try:
+            amp = _AUTOCAST.get(str(trainer.precision))
             self.report = ckcheck.check_step(_TrainingStep(pl_module), (batch,),
                                              on_failure=self.check_step_failure,
-                                             **self.options)
+                                             **_loops.with_autocast(self.options, amp))
         finally:
             del pl_module.log, pl_module.log_dict
+
+
+# Lightning's mixed-precision settings, as ckcheck's --amp ("bf16-true" casts the weights: no autocast).
+_AUTOCAST = {"bf16-mixed": "bf16", "16-mixed": "fp16"}
 
 
 def _not_logged(*args, **kwargs):

@@ -7,7 +7,8 @@ When training starts -- after the Trainer switched the model's activation checkp
 its `activation_checkpointing_kwargs`, before the first optimizer step -- the callback checks one
 training step of the Trainer's own model on the first batch of its own data loader, checkpointed
 through the model's switch with those kwargs against the same step without checkpointing, as
-`ckcheck.check_step` does. A step that checkpointing changes stops training (CheckpointMismatch,
+`ckcheck.check_step` does -- under the Trainer's autocast where it trains with bf16=True or
+fp16=True. A step that checkpointing changes stops training (CheckpointMismatch,
 with ckcheck's report) or, with on_failure="warn", is a RuntimeWarning. The model, the optimizer,
 the data loader's order and every random stream are left as they were. Tested with transformers
 5.24 (see the README)."""
@@ -39,9 +40,10 @@ class CkcheckCallback(_loops.LoopCheck, TrainerCallback):
         device = next(model.parameters()).device
         batch = _loops.first_batch(train_dataloader, device)
         labelled = isinstance(batch, dict) and "labels" in batch
+        amp = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else None
         self.report = ckcheck.check_step(model, batch, loss=_model_loss if labelled else None, checkpoint="model",
-                                         enable=enable, disable=disable,
-                                         on_failure=self.check_step_failure, **self.options)
+                                         enable=enable, disable=disable, on_failure=self.check_step_failure,
+                                         **_loops.with_autocast(self.options, amp))
 
 
 def _switch_as_trainer_sets_it(model, args):

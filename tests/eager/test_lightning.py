@@ -36,10 +36,11 @@ class LitMoE(L.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def fit(module, callbacks, max_steps=2):
+def fit(module, callbacks, max_steps=2, precision="32-true"):
     torch.manual_seed(7)
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+                        precision=precision)
     trainer.fit(module, torch.utils.data.DataLoader(Tokens(), batch_size=2, shuffle=True))
     return trainer
 
@@ -80,3 +81,10 @@ def test_dropout_without_its_rng_state_is_stopped_with_rng_and_with_it_trains():
     callback = CkcheckCallback()
     fit(LitMoE(dropout=0.2, use_reentrant=False), [callback], max_steps=1)
     assert callback.report.passed
+
+
+def test_the_trainers_mixed_precision_is_the_checks():
+    """precision="bf16-mixed": the check's steps run under the CPU autocast the run trains under."""
+    callback = CkcheckCallback()
+    fit(LitMoE(use_reentrant=False), [callback], max_steps=1, precision="bf16-mixed")
+    assert callback.report.passed and callback.report.config["amp"] == "bf16", callback.report.console

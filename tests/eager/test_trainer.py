@@ -60,11 +60,11 @@ def truth_differs(make, batch, **ckpt_kwargs):
                                                                     for a, b in zip(plain, ckpt))
 
 
-def trainer(model, tmp_path, callbacks, max_steps=2, **ckpt_kwargs):
+def trainer(model, tmp_path, callbacks, max_steps=2, bf16=False, **ckpt_kwargs):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=max_steps, use_cpu=True,
         report_to=[], activation_checkpointing=True, activation_checkpointing_kwargs=ckpt_kwargs,
-        save_strategy="no", logging_steps=1, seed=3, disable_tqdm=True)
+        save_strategy="no", logging_steps=1, seed=3, disable_tqdm=True, bf16=bf16)
     return transformers.Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
 
 
@@ -120,6 +120,20 @@ def test_dropout_recomputed_without_its_rng_state_is_stopped_with_rng(tmp_path):
     assert callback.report.passed
 
 
+def test_the_trainers_mixed_precision_is_the_checks(tmp_path):
+    """bf16=True: the Trainer trains under CPU autocast, and so do the check's steps (said in the report)."""
+    seen = []
+    model = moe_model()
+    model.model.register_forward_pre_hook(lambda m, a: seen.append(torch.is_autocast_enabled("cpu")))
+    callback = CkcheckCallback()
+    trainer(model, tmp_path, [callback], max_steps=1, bf16=True, use_reentrant=False).train()
+    assert seen[-1], "the Trainer's own step (the last forward) runs under autocast"
+    assert callback.report.passed and callback.report.config["amp"] == "bf16", callback.report.console
+    callback = CkcheckCallback()
+    trainer(moe_model(), tmp_path, [callback], max_steps=1, use_reentrant=False).train()
+    assert callback.report.config["amp"] == "off"
+
+
 def test_warn_mode_lets_training_go_on_with_the_report(tmp_path):
     callback = CkcheckCallback(on_failure="warn")
     with warnings.catch_warnings(record=True) as caught:
@@ -154,12 +168,14 @@ def test_check_step_in_an_accelerate_loop():
         assert model.is_activation_checkpointing and all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("example", ["trainer_callback.py", "accelerate_loop.py"])
+@pytest.mark.parametrize("example", ["trainer_callback.py", "accelerate_loop.py", "lightning_callback.py"])
 def test_the_documented_examples_run_as_the_docs_say(example):
     import os
     import subprocess
     import sys
 
+    if example.startswith("lightning"):
+        pytest.importorskip("lightning.pytorch")
     path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "examples", example)
     for flag, status, says in (([], 0, "trained"), (["--reentrant"], 1, "reentrant-no-grad")):
         proc = subprocess.run([sys.executable, path, *flag], capture_output=True, text=True, timeout=600)

@@ -1,5 +1,7 @@
 #include "checks/evidence.h"
 
+#include "checks/common.h"
+
 #include <fmt/ranges.h>
 
 #include <fmt/format.h>
@@ -79,6 +81,34 @@ std::optional<size_t> first_dtype_difference(const CallEvidence& c) {
     if (!threw && c.forward_dtypes[i] != c.recompute_dtypes[i]) return i;
   }
   return std::nullopt;
+}
+
+
+std::optional<CollectiveParting> collective_parting(const CallEvidence& c) {
+  const auto& f = c.forward_collectives;
+  const auto& r = c.recompute_collectives;
+  if (!c.recomputed || f == r) return std::nullopt;
+  const auto [fi, ri] = std::mismatch(f.begin(), f.end(), r.begin(), r.end());
+  CollectiveParting p;
+  p.at = static_cast<size_t>(fi - f.begin());
+  p.forward = fi == f.end() ? "" : *fi;
+  p.recompute = ri == r.end() ? "" : *ri;
+  return p;
+}
+
+std::string collective_parting_words(const CallEvidence& c, const CollectiveParting& p) {
+  const auto where = fmt::format("collective {} of the site", p.at);
+  if (p.recompute.empty()) {
+    return fmt::format("the recompute dropped {} -- {}, which the forward issued (the forward issued {}, the "
+                       "recompute {})",
+                       where, p.forward, c.forward_collectives.size(), c.recompute_collectives.size());
+  }
+  if (p.forward.empty()) {
+    return fmt::format("the recompute issued {} -- {}, which the forward did not (the forward issued {}, the "
+                       "recompute {})",
+                       where, p.recompute, c.forward_collectives.size(), c.recompute_collectives.size());
+  }
+  return fmt::format("{} is {} in the forward but {} in the recompute", where, p.forward, p.recompute);
 }
 
 std::optional<PrecisionShift> precision_shift(const CallEvidence& c) {
@@ -284,6 +314,10 @@ std::optional<SiteExplanation> explain_call(const CheckContext& ctx, const std::
                                             const UnitProbe* probe) {
   if (auto changed = changed_inputs(site, c)) return changed;
   if (!(recompute_differs(c) || c.recompute_failed || private_generator_drew_again(ctx, site))) return std::nullopt;
+  if (auto parted = collective_parting(c)) {
+    return SiteExplanation{site, kRecomputeCollective,
+                           collective_parting_words(c, *parted) + ", so it recomputed from other data than the forward"};
+  }
   if (!c.state_poisoned.empty()) {
     return SiteExplanation{site, Cause::kInPlace,
                            fmt::format("{} -- state the model's forward rewrites before the site runs -- {} overwritten "

@@ -54,6 +54,21 @@ Cause dtype_cause(const CheckContext& ctx);
 /// not another precision).
 std::optional<size_t> first_dtype_difference(const CallEvidence& call);
 
+/// recompute-collective: the recompute issued other collectives than its forward. Brought by the
+/// collectives check.
+extern const Cause kRecomputeCollective;
+
+/// Where a call's recompute issued other collectives than its forward: the first position where
+/// the two ledgers part, with what each holds there ("" past its end).
+struct CollectiveParting {
+  size_t at = 0;
+  std::string forward, recompute;
+};
+std::optional<CollectiveParting> collective_parting(const CallEvidence& call);
+
+/// In words: the recompute dropped, added or changed (group, tensors) that collective.
+std::string collective_parting_words(const CallEvidence& call, const CollectiveParting& parting);
+
 /// precision-context: the recompute ran outside the precision or quantization context its forward
 /// ran under (float8 training, a quantized layer's switch). Brought by the autocast check.
 extern const Cause kPrecisionContext;

@@ -152,7 +152,7 @@ class EvidenceObserver : public CheckpointObserver {
     if (model_) variables_before_[c.id] = model_->module_variables();
     if (watch_rewrites && !step_marks_.empty()) note_rewrites(e);
     rng_before_[c.id] = RngState::capture();
-    draw_watches_[c.id] = std::make_unique<DrawWatch>(e.forward_draws);
+    draw_watches_[c.id] = std::make_unique<DrawWatch>(e.forward_draws, &e.forward_collectives);
   }
 
   void forward_end(const CheckpointCall& c, const std::vector<Tensor>& inputs,
@@ -197,7 +197,7 @@ class EvidenceObserver : public CheckpointObserver {
     if (model_) variables_before_[c.id] = model_->module_variables();
     e.inputs_recompute = inputs.size();
     e.versions_recompute = versions_of(inputs);
-    draw_watches_[c.id] = std::make_unique<DrawWatch>(e.recompute_draws);
+    draw_watches_[c.id] = std::make_unique<DrawWatch>(e.recompute_draws, &e.recompute_collectives);
     // State the unit reads (Model::unit_state: its own modules', a shared one's under its first
     // path; a module cannot reach its parent's state other than through its arguments, which are
     // watched above), marked at the forward and now.

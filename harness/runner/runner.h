@@ -130,6 +130,9 @@ struct CallEvidence {
   /// Every random op of the forward and of the (first) recompute, in order, with its generator's
   /// state -- also draws a forked or explicit generator makes, which leave the default one as it was.
   std::vector<RandomDraw> forward_draws, recompute_draws;
+  /// The collectives and point-to-point operations the forward and the (first) recompute issued,
+  /// in order: "c10d::allreduce_ 8x16 Float".
+  std::vector<std::string> forward_collectives, recompute_collectives;
   bool forward_no_grad = false;       // the forward ran without autograd (a reentrant checkpoint)
   bool inputs_require_grad = false;   // some input required grad as the forward began
   bool recomputed = false;            // backward reached the call

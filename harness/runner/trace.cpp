@@ -4,6 +4,8 @@
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -17,6 +19,9 @@
 #include <unordered_set>
 
 #include "harness/runner/compare.h"
+#if defined(USE_C10D_GLOO) && !defined(CKCHECK_NO_GLOO)
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
 #include "harness/support/compat.h"
 #include "harness/support/global_state.h"
 
@@ -47,6 +52,8 @@ bool is_cast_op(const std::string& name) {
                                               "aten::_autocast_to_full_precision"};
   return casts.count(name) > 0;
 }
+
+bool is_collective_op(const std::string& name) { return name.rfind("c10d::", 0) == 0; }
 
 bool is_reduced_precision(const std::string& dtype) {
   auto starts = [&](const char* prefix) { return dtype.rfind(prefix, 0) == 0; };
@@ -302,8 +309,8 @@ std::vector<OpRecord> OpTracer::take() {
 
 namespace {
 
-// The draws the innermost DrawWatch of this thread records into.
-thread_local std::vector<std::vector<RandomDraw>*> draw_targets;
+// Where the innermost DrawWatch of this thread records.
+thread_local std::vector<DrawTargets> draw_targets;
 
 // The device a random op draws on: its first tensor argument's, or the CPU.
 c10::Device draw_device(const at::RecordFunction& fn) {
@@ -313,9 +320,47 @@ c10::Device draw_device(const at::RecordFunction& fn) {
   return c10::Device(c10::kCPU);
 }
 
+// " on default_pg (2 ranks)": the process group a c10d op is given, where this build has c10d.
+std::string group_words(const c10::IValue& v) {
+#if defined(USE_C10D_GLOO) && !defined(CKCHECK_NO_GLOO)
+  if (!v.isCustomClass() || v.type()->str().find("ProcessGroup") == std::string::npos) return "";
+  const auto group = v.toCustomClass<c10d::ProcessGroup>();
+  const auto& desc = group->getGroupDesc();
+  const bool described = !desc.empty() && desc != "undefined";
+  const int size = group->getSize();
+  return fmt::format(" on {} ({} rank{})", described ? desc : "group " + group->getGroupName(), size, size == 1 ? "" : "s");
+#else
+  (void)v;
+  return "";
+#endif
+}
+
+// "c10d::allreduce_ 8x16 Float on default_pg (2 ranks)": the op, the tensors it sends or
+// receives, and its group.
+std::string collective_entry(const std::string& name, const at::RecordFunction& fn) {
+  std::string group;
+  std::vector<std::string> tensors;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) tensors.push_back(fmt::format("{} {}", fmt::join(t.sizes(), "x"), c10::toString(t.scalar_type())));
+  };
+  for (const auto& in : fn.inputs()) {
+    if (in.isTensor()) add(in.toTensor());
+    if (in.isTensorList()) {
+      for (const auto& t : in.toTensorVector()) add(t);
+    }
+    if (group.empty()) group = group_words(in);
+  }
+  return (tensors.empty() ? name : fmt::format("{} {}", name, fmt::join(tensors, ", "))) + group;
+}
+
 std::unique_ptr<at::ObserverContext> on_draw(const at::RecordFunction& fn) {
-  if (draw_targets.empty() || !draw_targets.back()) return nullptr;
+  if (draw_targets.empty()) return nullptr;
   const std::string name = fn.name();
+  if (draw_targets.back().collectives && is_collective_op(name)) {
+    draw_targets.back().collectives->push_back(collective_entry(name, fn));
+    return nullptr;
+  }
+  if (!draw_targets.back().draws) return nullptr;
   std::optional<at::Generator> given;
   for (const auto& in : fn.inputs()) {
     if (in.isGenerator() && in.toGenerator().defined()) given = in.toGenerator();
@@ -331,7 +376,7 @@ std::unique_ptr<at::ObserverContext> on_draw(const at::RecordFunction& fn) {
     at::DisableRecordFunctionGuard quiet;  // reading the state is not the step's work
     d.state = fingerprint(compat::generator_state(gen));
   }
-  draw_targets.back()->push_back(std::move(d));
+  draw_targets.back().draws->push_back(std::move(d));
   return nullptr;
 }
 
@@ -340,8 +385,8 @@ std::unique_ptr<at::ObserverContext> on_draw(const at::RecordFunction& fn) {
 // One callback per thread, while some watch lives.
 thread_local at::CallbackHandle draw_callback = 0;
 
-DrawWatch::DrawWatch(std::vector<RandomDraw>& draws) : target_(&draws) {
-  draw_targets.push_back(&draws);
+DrawWatch::DrawWatch(std::vector<RandomDraw>& draws, std::vector<std::string>* collectives) : target_(&draws) {
+  draw_targets.push_back({&draws, collectives});
   if (draw_targets.size() == 1) {
     draw_callback = at::addThreadLocalCallback(
         at::RecordFunctionCallback(on_draw).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
@@ -350,7 +395,8 @@ DrawWatch::DrawWatch(std::vector<RandomDraw>& draws) : target_(&draws) {
 
 DrawWatch::~DrawWatch() {
   // Its own target, wherever it stands (a watch may end before one begun after it).
-  const auto it = std::find(draw_targets.rbegin(), draw_targets.rend(), target_);
+  const auto it = std::find_if(draw_targets.rbegin(), draw_targets.rend(),
+                               [&](const DrawTargets& t) { return t.draws == target_; });
   if (it != draw_targets.rend()) draw_targets.erase(std::next(it).base());
   if (draw_targets.empty() && draw_callback != 0) {
     at::removeCallback(draw_callback);

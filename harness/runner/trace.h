@@ -96,13 +96,20 @@ struct RandomDraw {
   bool operator==(const RandomDraw& o) const { return op == o.op && state == o.state; }
 };
 
+/// Where a DrawWatch records: the random draws, and the collectives and point-to-point operations
+/// (c10d's ops: "c10d::allreduce_ 8x16 Float") issued on this thread.
+struct DrawTargets {
+  std::vector<RandomDraw>* draws = nullptr;
+  std::vector<std::string>* collectives = nullptr;
+};
+
 /// Records the random ops that run on this thread while it lives (a checkpointed call's forward,
 /// or its recompute), each with its generator's state as it begins: the default generator of the
-/// op's device, or the one it was given. Watches nest; the innermost records. A RecordFunction
-/// callback with inputs, on this thread only, for the watch's life.
+/// op's device, or the one it was given; and the collectives issued. Watches nest; the innermost
+/// records. A RecordFunction callback with inputs, on this thread only, for the watch's life.
 class DrawWatch {
  public:
-  explicit DrawWatch(std::vector<RandomDraw>& draws);
+  explicit DrawWatch(std::vector<RandomDraw>& draws, std::vector<std::string>* collectives = nullptr);
   ~DrawWatch();
   DrawWatch(const DrawWatch&) = delete;
   DrawWatch& operator=(const DrawWatch&) = delete;
@@ -110,5 +117,8 @@ class DrawWatch {
  private:
   std::vector<RandomDraw>* target_;
 };
+
+/// True for c10d's collectives and point-to-point operations ("c10d::allreduce_", "c10d::send").
+bool is_collective_op(const std::string& name);
 
 }  // namespace ckcheck

@@ -462,6 +462,39 @@ TEST(ChecksOnRecords, MemoryAndOverheadSkipWhenNotMeasured) {
   EXPECT_EQ(h.run(*make_check("overhead")).status, Status::kSkip);
 }
 
+// --- collectives ----------------------------------------------------------------------------
+
+// A recompute that drops its forward's all-reduce fails where it recomputed other values, warns
+// where it reproduced them; the control: the same all-reduce in both passes.
+TEST(ChecksOnRecords, ARecomputeThatDropsACollectiveIsNamed) {
+  const std::string reduce = "c10d::allreduce_ 2x8 Float";
+  for (int variant = 0; variant < 3; ++variant) {  // 0: the same ledger; 1: dropped, values equal; 2: dropped, differ
+    HandBuiltRecords h;
+    CallEvidence call;
+    call.site = "blocks.0";
+    call.recomputed = true;
+    call.forward_collectives = {reduce};
+    if (variant == 0) call.recompute_collectives = {reduce};
+    TensorDiff out;
+    out.equal = variant != 2;
+    call.output_diffs = {out};
+    h.records.checkpointed.calls = {call};
+    const auto r = h.run(*make_check("collectives"));
+    const Status expected[] = {Status::kPass, Status::kWarn, Status::kFail};
+    EXPECT_EQ(r.status, expected[variant]) << r;
+    if (variant == 0) continue;
+    ASSERT_EQ(r.findings.size(), 1u) << r;
+    EXPECT_EQ(std::string(r.findings[0].cause.name()), "recompute-collective");
+    EXPECT_EQ(r.findings[0].site, "blocks.0");
+    EXPECT_EQ(r.findings[0].tensor, reduce);
+  }
+}
+
+TEST(ChecksOnRecords, NoCollectiveIssuedSkipsTheLedger) {
+  HandBuiltRecords h;
+  EXPECT_EQ(h.run(*make_check("collectives")).status, Status::kSkip);
+}
+
 // --- rank-rng and data-parallel --------------------------------------------------------------
 
 TEST(ChecksOnRecords, RanksStartingFromOneRngStateFailAsRng) {

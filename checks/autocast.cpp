@@ -188,10 +188,15 @@ class AutocastCheck : public DeclaredCheck {
   // one that made a float8 or quantization cast another number of times ran outside its context.
   CheckResult precision_context_result(const CheckContext& ctx) const {
     auto r = result();
-    std::set<std::string> reported;
+    // Where the evidence names the site's cause as its precision context, not another (grad mode,
+    // changed state, random numbers), which the gradients check names.
+    std::set<std::string> explained, reported;
+    for (const auto& e : explain_sites(ctx)) {
+      if (e.cause == kPrecisionContext) explained.insert(e.site);
+    }
     for (const auto& c : ctx.records.checkpointed.calls) {
       const auto shift = precision_shift(c);
-      if (!shift || !(recompute_differs(c) || c.recompute_failed) || !reported.insert(c.site).second) continue;
+      if (!shift || !explained.count(c.site) || !reported.insert(c.site).second) continue;
       add_finding(r, precision_context_finding(c, *shift));
     }
     if (r.findings.empty()) return skipped(id(), "AMP is off (--amp bf16 on the CPU; fp16 or bf16 on CUDA)");

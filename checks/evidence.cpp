@@ -126,13 +126,13 @@ std::optional<PrecisionShift> precision_shift(const CallEvidence& c) {
     }
     return false;
   };
-  for (const bool want_reduced : {true, false}) {
-    for (const auto& op : c.forward_precision_ops) {
-      if (reduced(op) == want_reduced && forward[op] > recompute[op]) return PrecisionShift{op, forward[op], recompute[op]};
-    }
-    for (const auto& op : c.recompute_precision_ops) {
-      if (reduced(op) == want_reduced && recompute[op] > forward[op]) return PrecisionShift{op, forward[op], recompute[op]};
-    }
+  // Only ops of a reduced precision tell a precision context: a cast to float32 alone is another
+  // path (a kernel chosen by grad mode), which the other causes judge.
+  for (const auto& op : c.forward_precision_ops) {
+    if (reduced(op) && forward[op] > recompute[op]) return PrecisionShift{op, forward[op], recompute[op]};
+  }
+  for (const auto& op : c.recompute_precision_ops) {
+    if (reduced(op) && recompute[op] > forward[op]) return PrecisionShift{op, forward[op], recompute[op]};
   }
   return std::nullopt;
 }

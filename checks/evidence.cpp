@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <sstream>
 
 namespace ckcheck {
 
@@ -116,23 +115,11 @@ std::optional<PrecisionShift> precision_shift(const CallEvidence& c) {
   std::map<std::string, size_t> forward, recompute;
   for (const auto& op : c.forward_precision_ops) ++forward[op];
   for (const auto& op : c.recompute_precision_ops) ++recompute[op];
-  // "op -> dtypes": one that gives a reduced precision says more than a cast to float32 or double.
-  auto reduced = [](const std::string& op) {
-    const auto dtypes = op.substr(op.rfind("-> ") + 3);
-    std::stringstream in(dtypes);
-    std::string dtype;
-    while (std::getline(in, dtype, ',')) {
-      if (is_reduced_precision(dtype)) return true;
-    }
-    return false;
-  };
-  // Only ops of a reduced precision tell a precision context: a cast to float32 alone is another
-  // path (a kernel chosen by grad mode), which the other causes judge.
   for (const auto& op : c.forward_precision_ops) {
-    if (reduced(op) && forward[op] > recompute[op]) return PrecisionShift{op, forward[op], recompute[op]};
+    if (forward[op] > recompute[op]) return PrecisionShift{op, forward[op], recompute[op]};
   }
   for (const auto& op : c.recompute_precision_ops) {
-    if (reduced(op) && recompute[op] > forward[op]) return PrecisionShift{op, forward[op], recompute[op]};
+    if (recompute[op] > forward[op]) return PrecisionShift{op, forward[op], recompute[op]};
   }
   return std::nullopt;
 }

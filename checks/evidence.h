@@ -73,8 +73,10 @@ std::string collective_parting_words(const CallEvidence& call, const CollectiveP
 /// ran under (float8 training, a quantized layer's switch). Brought by the autocast check.
 extern const Cause kPrecisionContext;
 
-/// Where a call's recompute made a cast or a reduced-precision op (at any depth: inside a float8
-/// layer's autograd Function too) more or fewer times than its forward: the op and its dtypes.
+/// Where a call's recompute made a reduced-precision op (at any depth: inside a float8 layer's
+/// autograd Function too) more or fewer times than its forward: the op and its dtypes. Only ops of
+/// a reduced precision tell a precision context: a cast to float32 alone is another path (a kernel
+/// chosen by grad mode), which the other causes judge.
 struct PrecisionShift {
   std::string op;           // "aten::_to_copy -> Float8_e4m3fn"
   size_t forward = 0;       // how often the forward made it

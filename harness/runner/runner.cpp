@@ -745,7 +745,7 @@ void attach_op_evidence(StepRecord& record) {
     auto& e = *it->second;
     const std::string dtype = op.dtypes.empty() ? "-" : fmt::format("{}", fmt::join(op.dtypes, ","));
     const bool forward = op.phase == Phase::kForward;
-    if (is_cast_op(op.name) || std::any_of(op.dtypes.begin(), op.dtypes.end(), is_reduced_precision)) {
+    if (std::any_of(op.dtypes.begin(), op.dtypes.end(), is_reduced_precision)) {
       (forward ? e.forward_precision_ops : e.recompute_precision_ops).push_back(op.name + " -> " + dtype);
     }
     if (op.depth != outermost[std::make_pair(op.call, static_cast<int>(op.phase))]) continue;

@@ -143,9 +143,9 @@ struct CallEvidence {
   std::vector<std::string> forward_ops, recompute_ops;
   std::vector<std::string> forward_dtypes, recompute_dtypes;
   std::vector<std::string> forward_autocast, recompute_autocast;  // the state each op ran under
-  /// Every op inside the call, at any depth, that casts or gives a reduced-precision dtype (float8,
-  /// bf16, fp16, quantized), as "op -> dtypes", in order: what a precision context (float8
-  /// training, a quantized layer's switch) makes the call do, wherever the op sits.
+  /// Every op inside the call, at any depth, that gives a reduced-precision dtype (float8, bf16,
+  /// fp16, quantized), as "op -> dtypes", in order: what a precision context (float8 training, a
+  /// quantized layer's switch) makes the call do, wherever the op sits.
   std::vector<std::string> forward_precision_ops, recompute_precision_ops;
 };
 
